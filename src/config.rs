@@ -1,0 +1,228 @@
+//! Every tunable of rapidfs in one serde struct, with its default and a one-line doc.
+//!
+//! `config/rapidfs.toml` is the annotated example. The TOML file is read first, then the
+//! command-line flags override it. Unknown keys are errors so a typo never goes unnoticed.
+
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// The whole configuration of a rapidfs daemon.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// The connection to the storage service.
+    pub gcs: GcsConfig,
+    /// The one memory budget and the block cache inside it.
+    pub cache: CacheConfig,
+    /// Filesystem semantics: ownership, modes, metadata caches.
+    pub fs: FsConfig,
+    /// The read path: streams and read-ahead.
+    pub read: ReadConfig,
+    /// Logging.
+    pub log: LogConfig,
+}
+
+/// The connection to the storage service and the retry policy of every call.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct GcsConfig {
+    /// Where the Storage API lives: `https://HOST[:PORT]` (TLS + credentials) or `http://HOST:PORT` (plaintext, no credentials, for the emulator).
+    pub endpoint: String,
+    /// Time allowed to establish the HTTP/2 connection, in milliseconds.
+    pub connect_timeout_ms: u64,
+    /// Deadline of one unary call (GetObject, ListObjects, ...), in milliseconds.
+    pub call_timeout_ms: u64,
+    /// Total time a call or a stream keeps retrying before its caller gets an error, in milliseconds.
+    pub retry_deadline_ms: u64,
+    /// First backoff between retries, in milliseconds; doubled each attempt, with jitter.
+    pub initial_backoff_ms: u64,
+    /// Largest backoff between retries, in milliseconds.
+    pub max_backoff_ms: u64,
+    /// A read stream with ranges outstanding that receives nothing for this long is reconnected, in milliseconds.
+    pub stall_timeout_ms: u64,
+}
+
+impl Default for GcsConfig {
+    fn default() -> Self {
+        Self {
+            endpoint: "https://storage.googleapis.com".to_string(),
+            connect_timeout_ms: 5_000,
+            call_timeout_ms: 30_000,
+            retry_deadline_ms: 60_000,
+            initial_backoff_ms: 20,
+            max_backoff_ms: 2_000,
+            stall_timeout_ms: 10_000,
+        }
+    }
+}
+
+/// The one memory budget covering everything the daemon buffers.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct CacheConfig {
+    /// Memory budget in MiB for the block cache, read-ahead, prefetch and write buffers together.
+    pub memory_mb: u64,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        Self { memory_mb: 1024 }
+    }
+}
+
+/// Filesystem semantics.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct FsConfig {
+    /// Owner of every file and directory; unset means the user running the daemon.
+    pub uid: Option<u32>,
+    /// Group of every file and directory; unset means the group running the daemon.
+    pub gid: Option<u32>,
+    /// Permission bits of files (octal in TOML as 0o644 or as the decimal 420).
+    pub file_mode: u32,
+    /// Permission bits of directories.
+    pub dir_mode: u32,
+    /// Let users other than the one who mounted see the files (FUSE `allow_other`).
+    pub allow_other: bool,
+    /// Mount only this prefix of the bucket (no leading or trailing `/` needed).
+    pub only_dir: Option<String>,
+    /// Mount read-only.
+    pub read_only: bool,
+}
+
+impl Default for FsConfig {
+    fn default() -> Self {
+        Self {
+            uid: None,
+            gid: None,
+            file_mode: 0o644,
+            dir_mode: 0o755,
+            allow_other: false,
+            only_dir: None,
+            read_only: false,
+        }
+    }
+}
+
+/// The read path.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReadConfig {
+    /// First read-ahead window of a sequential reader, in KiB.
+    pub readahead_initial_kb: u64,
+    /// Largest read-ahead window, in KiB.
+    pub readahead_max_kb: u64,
+}
+
+impl Default for ReadConfig {
+    fn default() -> Self {
+        Self {
+            readahead_initial_kb: 1024,
+            readahead_max_kb: 64 * 1024,
+        }
+    }
+}
+
+/// Logging.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// Level filter in `RUST_LOG` syntax (`info`, `rapidfs=debug`, ...); `RUST_LOG` wins when set.
+    pub level: String,
+    /// `text` for people, `json` for log collectors.
+    pub format: LogFormat,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            level: "info".to_string(),
+            format: LogFormat::Text,
+        }
+    }
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// A configuration file that could not be used, with a message fit for one line.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML or has unknown or mistyped keys.
+    #[error("bad config file {path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's explanation, folded onto one line.
+        message: String,
+    },
+}
+
+impl Config {
+    /// Reads a TOML file; every key is optional and unknown keys are errors.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Config::parse(&text).map_err(|message| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message,
+        })
+    }
+
+    /// Parses TOML text; the error is folded onto one line.
+    pub fn parse(text: &str) -> Result<Config, String> {
+        toml::from_str(text).map_err(|e| {
+            e.to_string()
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+    }
+
+    /// Reads `path` when given, the defaults otherwise.
+    pub fn load_or_default(path: Option<&Path>) -> Result<Config, ConfigError> {
+        path.map_or_else(|| Ok(Config::default()), Config::load)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_gives_defaults() {
+        assert_eq!(Config::parse("").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn unknown_key_is_an_error_on_one_line() {
+        let err = Config::parse("[cache]\nmemory_mib = 3\n").unwrap_err();
+        assert!(err.contains("memory_mib"), "{err}");
+        assert!(!err.contains('\n'));
+    }
+
+    #[test]
+    fn keys_override_defaults() {
+        let c = Config::parse("[cache]\nmemory_mb = 128\n[fs]\nfile_mode = 0o600\n").unwrap();
+        assert_eq!(c.cache.memory_mb, 128);
+        assert_eq!(c.fs.file_mode, 0o600);
+        assert_eq!(c.read, ReadConfig::default());
+    }
+}

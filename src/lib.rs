@@ -1,0 +1,9 @@
+//! rapidfs: mount a Google Cloud Storage Rapid (zonal) bucket as a POSIX directory.
+//!
+//! The crate is layered `fuse -> fs -> gcs -> proto`, with the `emulator` apart: it is the
+//! server side of the same wire and shares nothing with the client but the generated types.
+//! `cli` and `config` sit on top and wire the layers together.
+
+pub mod cli;
+pub mod config;
+pub mod proto;

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: installs what it needs (Debian packages, a Python
+# virtual environment outside the repo), then checks formatting and lints, then runs every test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+source tests/setup.sh
+
+cargo fmt --check
+cargo clippy --all-targets -- -D warnings
+cargo test --no-fail-fast

@@ -1,0 +1,18 @@
+# Sourced by tests/run.sh and the benchmarks: installs the system packages and the Python
+# packages the tests use, idempotently, and exports RAPIDFS_PYTHON for the tests.
+
+need_apt=()
+command -v fusermount3 >/dev/null || need_apt+=(fuse3)
+command -v bindfs >/dev/null || need_apt+=(bindfs)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "installing ${need_apt[*]}" >&2
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+RAPIDFS_VENV="${RAPIDFS_VENV:-$HOME/.cache/rapidfs/venv}"
+if [ ! -x "$RAPIDFS_VENV/bin/python" ]; then
+  python3 -m venv "$RAPIDFS_VENV"
+fi
+"$RAPIDFS_VENV/bin/python" -m pip install -q --disable-pip-version-check -r tests/python/requirements.txt
+export RAPIDFS_PYTHON="$RAPIDFS_VENV/bin/python"
