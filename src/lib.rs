@@ -6,4 +6,8 @@
 
 pub mod cli;
 pub mod config;
+pub mod emulator;
+pub mod fs;
+pub mod fuse;
+pub mod gcs;
 pub mod proto;

@@ -1,0 +1,1 @@
+//! The only module that knows fuser: decode kernel requests, call `fs`, reply.
