@@ -10,4 +10,5 @@ pub mod emulator;
 pub mod fs;
 pub mod fuse;
 pub mod gcs;
+pub mod metrics;
 pub mod proto;
