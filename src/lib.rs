@@ -12,3 +12,4 @@ pub mod fuse;
 pub mod gcs;
 pub mod metrics;
 pub mod proto;
+pub mod zonal;
