@@ -70,7 +70,6 @@ pub(crate) enum Data {
     /// In memory.
     Mem(Arc<RwLock<Segments>>),
     /// In a file of the directory backend.
-    #[allow(dead_code)]
     File(PathBuf),
 }
 

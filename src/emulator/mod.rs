@@ -9,6 +9,7 @@
 
 mod content;
 mod control;
+mod directory;
 
 mod faults;
 mod listing;
@@ -72,10 +73,7 @@ impl Service {
             }
             (Some(root), false) => {
                 check_root(root)?;
-                anyhow::bail!(
-                    "the directory backend over {} is not built yet",
-                    root.display()
-                )
+                Box::new(directory::DirectoryBackend::new(root.clone())?)
             }
             (None, false) => anyhow::bail!("no backend: give a root directory or choose memory"),
         };

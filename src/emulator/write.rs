@@ -258,13 +258,18 @@ impl Session {
         }
     }
 
-    fn sync(&self, writer: &mut ContentWriter) -> Result<(), Status> {
-        if writer.sync()? {
+    /// Syncs and, when the persisted size moved (or `force`), records the metadata durably.
+    fn sync_with(&self, writer: &mut ContentWriter, force: bool) -> Result<(), Status> {
+        if writer.sync()? || force {
             self.service
                 .store
                 .persist(&self.bucket, &self.name, &writer.content)?;
         }
         Ok(())
+    }
+
+    fn sync(&self, writer: &mut ContentWriter) -> Result<(), Status> {
+        self.sync_with(writer, false)
     }
 
     async fn handle(
@@ -317,7 +322,7 @@ impl Session {
                 }
                 if m.finish_write {
                     writer.finalize(expected_crc)?;
-                    self.sync(writer)?;
+                    self.sync_with(writer, true)?;
                     let entry = self.service.store.get(
                         &self.bucket,
                         &self.name,
