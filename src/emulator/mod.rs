@@ -41,6 +41,9 @@ const CONNECTION_WINDOW: u32 = 64 * 1024 * 1024;
 /// Largest gRPC message accepted or sent (a 2 MiB chunk plus framing, with room to spare).
 const MAX_MESSAGE: usize = 16 * 1024 * 1024;
 
+/// How long `Emulator::shutdown` lets open connections finish.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// How to run an emulator.
 #[derive(Debug, Clone, Default)]
 pub struct EmulatorOptions {
@@ -212,8 +215,15 @@ impl Emulator {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
-        if let Some(task) = self.task.take() {
-            let _ = task.await;
+        if let Some(mut task) = self.task.take() {
+            // Clients that keep idle connections open must not hold the shutdown forever.
+            if tokio::time::timeout(SHUTDOWN_GRACE, &mut task)
+                .await
+                .is_err()
+            {
+                task.abort();
+                let _ = task.await;
+            }
         }
     }
 }
