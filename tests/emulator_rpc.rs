@@ -44,6 +44,7 @@ async fn bucket_and_layout_report_a_zonal_bucket() {
         .unwrap()
         .into_inner();
     assert_eq!(layout.location_type, "zone");
+    assert_eq!(layout.location, "US-CENTRAL1");
     assert_eq!(
         layout.custom_placement_config.unwrap().data_locations,
         vec!["us-central1-a".to_string()]

@@ -95,6 +95,16 @@ impl Service {
         })
     }
 
+    /// The bucket location: the zone's region in upper case ("us-central1-a" -> "US-CENTRAL1");
+    /// the zone itself is in the custom placement's data locations.
+    fn region(&self) -> String {
+        let region = match self.zone.rsplit_once('-') {
+            Some((r, z)) if z.len() == 1 => r,
+            _ => self.zone.as_str(),
+        };
+        region.to_uppercase()
+    }
+
     async fn run(
         self,
         listener: tokio::net::TcpListener,
