@@ -6,8 +6,10 @@
 //! `BidiWriteObject` stream. Every call carries the `x-goog-request-params` routing header and
 //! is retried under one policy (`retry`). May touch `crate::proto` and `crate::config` only.
 
+mod buffer;
 mod channel;
 mod meta;
+mod ranges;
 mod reader;
 mod retry;
 mod routing;

@@ -8,6 +8,7 @@
 //! only for the unfinished remainder of every range; after the retry deadline passes without
 //! progress, every caller gets `Error::Unavailable`. Touches only its own stream.
 
+use super::ranges::{BadChunk, RangeTable, Sink};
 use super::retry::{self, Backoff};
 use super::{bucket_path, object_url, routing, Client, Error, ObjectMeta, Result};
 use crate::proto::storage::{
@@ -16,7 +17,7 @@ use crate::proto::storage::{
 };
 use bytes::{Bytes, BytesMut};
 use futures::Stream;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,7 +50,7 @@ struct Shared {
 
 #[derive(Default)]
 struct Counters {
-    in_flight: AtomicUsize,
+    in_flight: Arc<AtomicUsize>,
     broken: AtomicBool,
     reconnects: AtomicU64,
 }
@@ -58,7 +59,7 @@ struct Counters {
 struct Cmd {
     offset: u64,
     len: u64,
-    tx: mpsc::UnboundedSender<Result<Bytes>>,
+    tx: Sink,
 }
 
 impl BidiReader {
@@ -77,9 +78,8 @@ impl BidiReader {
             generation,
             handle: None,
             routing_token: None,
-            ranges: HashMap::new(),
+            ranges: RangeTable::new(counters.in_flight.clone()),
             unsent: Vec::new(),
-            next_id: 1,
             conn: None,
             stall: Duration::from_millis(client.config().stall_timeout_ms.max(1)),
             last_activity: Instant::now(),
@@ -253,13 +253,6 @@ impl StreamState {
     }
 }
 
-/// One range being delivered: bytes up to `next` have gone to the caller.
-struct Range {
-    next: u64,
-    end: u64,
-    tx: mpsc::UnboundedSender<Result<Bytes>>,
-}
-
 /// The live stream: its request sender and response receiver.
 struct Conn {
     tx: mpsc::UnboundedSender<BidiReadObjectRequest>,
@@ -275,10 +268,9 @@ struct Session {
     generation: Option<i64>,
     handle: Option<Bytes>,
     routing_token: Option<String>,
-    ranges: HashMap<i64, Range>,
+    ranges: RangeTable,
     /// Registered ranges not yet asked for on the current stream.
     unsent: Vec<i64>,
-    next_id: i64,
     conn: Option<Conn>,
     stall: Duration,
     last_activity: Instant,
@@ -459,38 +451,15 @@ impl Session {
             // The stall clock measures waiting for data, not idle time before this range.
             self.last_activity = Instant::now();
         }
-        let id = self.next_id;
-        self.next_id += 1;
-        self.ranges.insert(
-            id,
-            Range {
-                next: cmd.offset,
-                end: cmd.offset + cmd.len,
-                tx: cmd.tx,
-            },
-        );
+        let id = self.ranges.insert(cmd.offset, cmd.len, cmd.tx);
         self.unsent.push(id);
     }
 
     /// Forgets ranges whose caller went away (their late data is ignored as unknown).
     fn prune_cancelled(&mut self) {
-        let before = self.ranges.len();
-        self.ranges.retain(|_, r| !r.tx.is_closed());
-        let gone = before - self.ranges.len();
-        if gone > 0 {
-            self.counters.in_flight.fetch_sub(gone, Ordering::Relaxed);
-            let ranges = &self.ranges;
-            self.unsent.retain(|id| ranges.contains_key(id));
-        }
-    }
-
-    fn wire_range(&self, id: i64) -> Option<ReadRange> {
-        let r = self.ranges.get(&id)?;
-        Some(ReadRange {
-            read_offset: r.next as i64,
-            read_length: (r.end - r.next) as i64,
-            read_id: id,
-        })
+        self.ranges.prune_cancelled();
+        let ranges = &self.ranges;
+        self.unsent.retain(|id| ranges.contains(*id));
     }
 
     /// Asks for every unsent range, at most 100 per message.
@@ -501,7 +470,10 @@ impl Session {
         }
         let ids = std::mem::take(&mut self.unsent);
         for batch in ids.chunks(MAX_RANGES_PER_MESSAGE) {
-            let read_ranges: Vec<_> = batch.iter().filter_map(|id| self.wire_range(*id)).collect();
+            let read_ranges: Vec<_> = batch
+                .iter()
+                .filter_map(|id| self.ranges.remainder(*id))
+                .collect();
             if read_ranges.is_empty() {
                 continue;
             }
@@ -528,55 +500,15 @@ impl Session {
             }
         }
         for d in resp.object_data_ranges {
-            let Some(rr) = d.read_range else { continue };
-            let Some(range) = self.ranges.get_mut(&rr.read_id) else {
-                continue;
-            };
-            let data = d.checksummed_data.unwrap_or_default();
-            let content = data.content;
-            if !content.is_empty() {
-                if let Some(want) = data.crc32c {
-                    let got = crc32c::crc32c(&content);
-                    if got != want {
-                        return Err(Status::internal(format!(
-                            "checksum mismatch at offset {}: got {got:08x}, want {want:08x}",
-                            rr.read_offset
-                        )));
-                    }
-                }
-                let len = content.len() as u64;
-                if rr.read_offset != range.next as i64 || range.next + len > range.end {
-                    return Err(Status::internal(format!(
-                        "chunk [{}, +{len}) does not continue range at {} (end {})",
-                        rr.read_offset, range.next, range.end
-                    )));
-                }
-                range.next += len;
+            let n = self
+                .ranges
+                .on_chunk(d)
+                .map_err(|BadChunk(m)| Status::internal(m))?;
+            if n > 0 {
                 self.failing = false;
-                if range.tx.send(Ok(content)).is_err() {
-                    self.finish(rr.read_id);
-                    continue;
-                }
-            }
-            if range.next == range.end {
-                self.finish(rr.read_id);
-            } else if d.range_end {
-                let msg = format!(
-                    "{}: server ended range at {} before {}",
-                    self.what, range.next, range.end
-                );
-                let _ = range.tx.send(Err(Error::Other(msg)));
-                self.finish(rr.read_id);
             }
         }
         Ok(())
-    }
-
-    /// Done with `id`: dropping its sender tells the caller the range is complete.
-    fn finish(&mut self, id: i64) {
-        if self.ranges.remove(&id).is_some() {
-            self.counters.in_flight.fetch_sub(1, Ordering::Relaxed);
-        }
     }
 
     /// The stream broke with `s`: drop it, and decide whether a reconnect may follow.
@@ -611,12 +543,11 @@ impl Session {
                 return Ok(());
             }
             self.counters.reconnects.fetch_add(1, Ordering::Relaxed);
-            let mut ids: Vec<i64> = self.ranges.keys().copied().collect();
-            ids.sort_unstable();
+            let mut ids = self.ranges.ids();
             let first: Vec<_> = ids
                 .iter()
                 .take(MAX_RANGES_PER_MESSAGE)
-                .filter_map(|id| self.wire_range(*id))
+                .filter_map(|id| self.ranges.remainder(*id))
                 .collect();
             match self.open_stream(self.spec(true), first).await {
                 Ok(conn) => {
@@ -650,10 +581,7 @@ impl Session {
         self.counters.broken.store(true, Ordering::Relaxed);
         self.conn = None;
         cmd_rx.close();
-        for (_, r) in self.ranges.drain() {
-            let _ = r.tx.send(Err(e.clone()));
-            self.counters.in_flight.fetch_sub(1, Ordering::Relaxed);
-        }
+        self.ranges.fail_all(&e);
         while let Ok(cmd) = cmd_rx.try_recv() {
             let _ = cmd.tx.send(Err(e.clone()));
             self.counters.in_flight.fetch_sub(1, Ordering::Relaxed);

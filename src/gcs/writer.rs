@@ -8,6 +8,7 @@
 //! duplicated. FAILED_PRECONDITION on the stream means another writer took over: `Fenced`.
 //! Touches only its own stream.
 
+use super::buffer::Unpersisted;
 use super::retry::{self, Backoff};
 use super::{bucket_path, object_url, routing, Client, Error, ObjectMeta, Result};
 use crate::proto::storage::{
@@ -18,7 +19,6 @@ use crate::proto::storage::{
 };
 use bytes::Bytes;
 use futures::FutureExt;
-use std::collections::VecDeque;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -65,8 +65,8 @@ pub struct AppendWriter {
     resource: Object,
     written: u64,
     persisted: u64,
-    /// Unpersisted data as (offset, bytes) pieces covering [persisted, written).
-    pending: VecDeque<(u64, Bytes)>,
+    /// Unpersisted data covering [persisted, written).
+    pending: Unpersisted,
     /// Everything below this offset went out on the current stream.
     sent: u64,
     /// CRC32C of [0, written), when the start of the object is known.
@@ -135,7 +135,7 @@ impl AppendWriter {
             resource: Object::default(),
             written: 0,
             persisted: 0,
-            pending: VecDeque::new(),
+            pending: Unpersisted::default(),
             sent: 0,
             crc: None,
             lookups: 0,
@@ -171,11 +171,11 @@ impl AppendWriter {
         while !rest.is_empty() {
             let piece = rest.split_to(rest.len().min(MAX_CHUNK));
             let len = piece.len() as u64;
-            if self.written + len - self.persisted > self.cap {
+            if self.pending.len() + len > self.cap {
                 self.wait_persisted(self.written + len - self.cap).await?;
             }
             self.crc = self.crc.map(|c| crc32c::crc32c_append(c, &piece));
-            self.pending.push_back((self.written, piece));
+            self.pending.push(piece);
             self.written += len;
             self.pump().await?;
         }
@@ -305,6 +305,7 @@ impl AppendWriter {
             // A new or taken-over object: its current size is where appends continue.
             self.persisted = size;
             self.written = size;
+            self.pending = Unpersisted::at(size);
         }
         self.sent = self.persisted;
         Ok(())
@@ -389,19 +390,7 @@ impl AppendWriter {
             self.persisted = n;
             self.failing = false;
         }
-        while let Some((off, piece)) = self.pending.front_mut() {
-            let end = *off + piece.len() as u64;
-            if end <= self.persisted {
-                self.pending.pop_front();
-            } else {
-                if *off < self.persisted {
-                    let skip = (self.persisted - *off) as usize;
-                    *piece = piece.slice(skip..);
-                    *off = self.persisted;
-                }
-                break;
-            }
-        }
+        self.pending.trim_to(self.persisted);
     }
 
     /// Sends one message, taking in responses that arrive while the queue is full.
@@ -464,15 +453,9 @@ impl AppendWriter {
     async fn try_pump(&mut self) -> Attempt<()> {
         self.poll_responses()?;
         while self.sent < self.written {
-            let Some((off, piece)) = self
-                .pending
-                .iter()
-                .find(|(off, p)| *off + p.len() as u64 > self.sent)
-                .cloned()
-            else {
+            let Some(piece) = self.pending.piece_from(self.sent) else {
                 break;
             };
-            let piece = piece.slice((self.sent.saturating_sub(off)) as usize..);
             let start = self.sent;
             let msg = BidiWriteObjectRequest {
                 write_offset: start as i64,
@@ -485,7 +468,7 @@ impl AppendWriter {
             self.send(msg).await?;
             self.sent = start + piece.len() as u64;
         }
-        if self.lookups == 0 && self.written - self.persisted >= self.cap / 2 {
+        if self.lookups == 0 && self.pending.len() >= self.cap / 2 {
             self.send_lookup().await?;
         }
         Ok(())
