@@ -332,7 +332,7 @@ impl AppendWriter {
                 }
                 continue;
             }
-            if !retry::is_retryable(s.code()) {
+            if !retry::is_transient(&s) {
                 return Err(retry::map_status(&s, &self.what));
             }
             if !self.backoff.wait().await {
@@ -598,7 +598,7 @@ impl AppendWriter {
                     let e = Error::Fenced(format!("{}: {}", self.what, s.message()));
                     return Err(self.die(e));
                 }
-                if !retry::is_retryable(s.code()) {
+                if !retry::is_transient(&s) {
                     return Err(self.die(retry::map_status(&s, &self.what)));
                 }
                 if !self.backoff.wait().await {
