@@ -40,6 +40,16 @@ pub struct GcsConfig {
     pub max_backoff_ms: u64,
     /// A read stream with ranges outstanding that receives nothing for this long is reconnected, in milliseconds.
     pub stall_timeout_ms: u64,
+    /// HTTP/2 connections per client; streams and calls are spread over them round robin.
+    pub connections: usize,
+    /// Initial HTTP/2 flow-control window of each stream, in KiB.
+    pub stream_window_kb: u32,
+    /// Initial HTTP/2 flow-control window of each connection, in KiB.
+    pub connection_window_kb: u32,
+    /// Bytes a `read_stream` consumer may have requested ahead of what it has taken, in KiB.
+    pub read_stream_window_kb: u64,
+    /// Unpersisted bytes one appendable writer may hold before `append` waits for a flush, in KiB.
+    pub write_buffer_kb: u64,
 }
 
 impl Default for GcsConfig {
@@ -52,6 +62,11 @@ impl Default for GcsConfig {
             initial_backoff_ms: 20,
             max_backoff_ms: 2_000,
             stall_timeout_ms: 10_000,
+            connections: 2,
+            stream_window_kb: 32 * 1024,
+            connection_window_kb: 64 * 1024,
+            read_stream_window_kb: 32 * 1024,
+            write_buffer_kb: 32 * 1024,
         }
     }
 }

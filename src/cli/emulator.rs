@@ -32,5 +32,8 @@ pub fn run(
         log_level.as_deref().unwrap_or("info"),
         log_format.unwrap_or(LogFormat::Text),
     );
-    anyhow::bail!("the emulator over {} is not built yet ({args:?})", args.root.display())
+    anyhow::bail!(
+        "the emulator over {} is not built yet ({args:?})",
+        args.root.display()
+    )
 }

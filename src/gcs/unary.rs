@@ -1,0 +1,168 @@
+//! The unary calls of `Client` (GetObject, ListObjects as pages and as a stream of pages,
+//! DeleteObject, MoveObject, GetBucket), each with the routing header, a per-call deadline
+//! and the shared retry policy.
+
+use super::meta::{ListPage, ListRequest, ObjectMeta};
+use super::{bucket_path, object_url, retry, routing, Client, Error, Result};
+use crate::proto::storage as pb;
+use futures::Stream;
+use std::time::Duration;
+
+/// What a bucket looks like to rapidfs (from GetBucket).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BucketInfo {
+    /// Bucket name (short form, without `projects/_/buckets/`).
+    pub name: String,
+    /// Location, e.g. `us-central1-a` for a zonal bucket.
+    pub location: String,
+    /// `zone` for Rapid (zonal) buckets; `region`, `dual-region`, `multi-region` otherwise.
+    pub location_type: String,
+    /// Storage class (`RAPID` for Rapid buckets).
+    pub storage_class: String,
+    /// Whether the hierarchical namespace is enabled.
+    pub hierarchical_namespace: bool,
+}
+
+impl Client {
+    fn call_timeout(&self) -> Duration {
+        Duration::from_millis(self.config().call_timeout_ms)
+    }
+
+    /// Metadata of the live object.
+    pub async fn get_object(&self, bucket: &str, object: &str) -> Result<ObjectMeta> {
+        let what = object_url(bucket, object);
+        let msg = pb::GetObjectRequest {
+            bucket: bucket_path(bucket),
+            object: object.to_string(),
+            ..Default::default()
+        };
+        let o = retry::unary(self.config(), &what, |_| {
+            let req = routing::request(msg.clone(), bucket, None, Some(self.call_timeout()));
+            let mut stub = self.stub();
+            async move { stub.get_object(req.map_err(to_status)?).await }
+        })
+        .await?;
+        Ok(ObjectMeta::from(o.get_ref()))
+    }
+
+    /// One page of a listing.
+    pub async fn list_page(&self, bucket: &str, req: &ListRequest) -> Result<ListPage> {
+        let what = format!("list gs://{bucket}/{}*", req.prefix);
+        let msg = req.to_proto(bucket);
+        let r = retry::unary(self.config(), &what, |_| {
+            let req = routing::request(msg.clone(), bucket, None, Some(self.call_timeout()));
+            let mut stub = self.stub();
+            async move { stub.list_objects(req.map_err(to_status)?).await }
+        })
+        .await?;
+        Ok(ListPage::from(r.into_inner()))
+    }
+
+    /// All pages, one after the other; the stream ends after the last page or the first error.
+    pub fn list(
+        &self,
+        bucket: &str,
+        req: ListRequest,
+    ) -> impl Stream<Item = Result<ListPage>> + Send + 'static {
+        let state = Some((self.clone(), bucket.to_string(), req));
+        futures::stream::unfold(state, |state| async move {
+            let (client, bucket, mut req) = state?;
+            match client.list_page(&bucket, &req).await {
+                Ok(page) => {
+                    let next = (!page.next_page_token.is_empty()).then(|| {
+                        req.page_token = page.next_page_token.clone();
+                        (client, bucket, req)
+                    });
+                    Some((Ok(page), next))
+                }
+                Err(e) => Some((Err(e), None)),
+            }
+        })
+    }
+
+    /// Deletes the object (`generation: None` = the live object).
+    pub async fn delete_object(
+        &self,
+        bucket: &str,
+        object: &str,
+        generation: Option<i64>,
+    ) -> Result<()> {
+        let what = object_url(bucket, object);
+        let msg = pb::DeleteObjectRequest {
+            bucket: bucket_path(bucket),
+            object: object.to_string(),
+            generation: generation.unwrap_or(0),
+            ..Default::default()
+        };
+        let r = retry::unary(self.config(), &what, |attempt| {
+            let req = routing::request(msg.clone(), bucket, None, Some(self.call_timeout()));
+            let mut stub = self.stub();
+            async move {
+                match stub.delete_object(req.map_err(to_status)?).await {
+                    // A retry that finds the object gone means an earlier attempt deleted it
+                    // and only its answer was lost.
+                    Err(s) if attempt > 0 && s.code() == tonic::Code::NotFound => Ok(()),
+                    r => r.map(|_| ()),
+                }
+            }
+        })
+        .await;
+        r
+    }
+
+    /// Atomically renames `source` to `destination` (MoveObject); the preconditions guard
+    /// against renaming a changed source or replacing an existing destination (`Some(0)`).
+    pub async fn move_object(
+        &self,
+        bucket: &str,
+        source: &str,
+        destination: &str,
+        if_source_generation_match: Option<i64>,
+        if_generation_match: Option<i64>,
+    ) -> Result<ObjectMeta> {
+        let what = format!("move {} to {destination}", object_url(bucket, source));
+        let msg = pb::MoveObjectRequest {
+            bucket: bucket_path(bucket),
+            source_object: source.to_string(),
+            destination_object: destination.to_string(),
+            if_source_generation_match,
+            if_generation_match,
+            ..Default::default()
+        };
+        let o = retry::unary(self.config(), &what, |_| {
+            let req = routing::request(msg.clone(), bucket, None, Some(self.call_timeout()));
+            let mut stub = self.stub();
+            async move { stub.move_object(req.map_err(to_status)?).await }
+        })
+        .await?;
+        Ok(ObjectMeta::from(o.get_ref()))
+    }
+
+    /// Bucket facts (location type tells a zonal Rapid bucket apart).
+    pub async fn get_bucket(&self, bucket: &str) -> Result<BucketInfo> {
+        let what = format!("gs://{bucket}");
+        let msg = pb::GetBucketRequest {
+            name: bucket_path(bucket),
+            ..Default::default()
+        };
+        let b = retry::unary(self.config(), &what, |_| {
+            let req = routing::request(msg.clone(), bucket, None, Some(self.call_timeout()));
+            let mut stub = self.stub();
+            async move { stub.get_bucket(req.map_err(to_status)?).await }
+        })
+        .await?
+        .into_inner();
+        Ok(BucketInfo {
+            name: bucket.to_string(),
+            location: b.location,
+            location_type: b.location_type,
+            storage_class: b.storage_class,
+            hierarchical_namespace: b.hierarchical_namespace.is_some_and(|h| h.enabled),
+        })
+    }
+}
+
+/// A request that cannot even be built fails like a bad argument from the server would.
+pub(crate) fn to_status(e: Error) -> tonic::Status {
+    tonic::Status::invalid_argument(e.to_string())
+}

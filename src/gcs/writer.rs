@@ -1,0 +1,642 @@
+//! `AppendWriter`: one `BidiWriteObject` session on an appendable object.
+//!
+//! Data goes out in CRC32C-checked chunks of at most 2 MiB and stays in memory until the
+//! service reports it persisted (bounded by `write_buffer_kb`: `append` flushes and waits
+//! beyond that). When the stream breaks (cut, transient status, redirect) the writer reopens
+//! with `AppendObjectSpec` + write handle (+ routing token), learns the persisted size from
+//! the reopen's first response and resends exactly from there: nothing lost, nothing
+//! duplicated. FAILED_PRECONDITION on the stream means another writer took over: `Fenced`.
+//! Touches only its own stream.
+
+use super::buffer::Unpersisted;
+use super::retry::{self, Backoff};
+use super::{bucket_path, object_url, routing, Client, Error, ObjectMeta, Result};
+use crate::proto::storage::{
+    bidi_write_object_request::{Data, FirstMessage},
+    bidi_write_object_response::WriteStatus,
+    AppendObjectSpec, BidiWriteHandle, BidiWriteObjectRedirectedError, BidiWriteObjectRequest,
+    BidiWriteObjectResponse, ChecksummedData, Object, ObjectChecksums, WriteObjectSpec,
+};
+use bytes::Bytes;
+use futures::FutureExt;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::codec::Streaming;
+use tonic::{Code, Status};
+
+/// The wire limit of one data message.
+pub(crate) const MAX_CHUNK: usize = 2 * 1024 * 1024;
+const REDIRECT_TYPE: &str = "google.storage.v2.BidiWriteObjectRedirectedError";
+/// Request messages queued towards the HTTP/2 stream before `append` waits.
+const SEND_QUEUE: usize = 8;
+
+/// Why an attempt failed: the stream (worth a reconnect, maybe) or for good.
+enum Fail {
+    Stream(Status),
+    Fatal(Error),
+}
+
+impl From<Status> for Fail {
+    fn from(s: Status) -> Self {
+        Fail::Stream(s)
+    }
+}
+
+type Attempt<T> = std::result::Result<T, Fail>;
+
+struct Conn {
+    tx: mpsc::Sender<BidiWriteObjectRequest>,
+    rx: Streaming<BidiWriteObjectResponse>,
+}
+
+/// One BidiWriteObject session on an appendable object. Keeps every unpersisted byte;
+/// resumes from persisted_size after a broken stream (takeover with the write handle).
+pub struct AppendWriter {
+    client: Client,
+    bucket: String,
+    object: String,
+    what: String,
+    generation: i64,
+    handle: Option<Bytes>,
+    routing_token: Option<String>,
+    /// The newest object resource the service returned.
+    resource: Object,
+    written: u64,
+    persisted: u64,
+    /// Unpersisted data covering [persisted, written).
+    pending: Unpersisted,
+    /// Everything below this offset went out on the current stream.
+    sent: u64,
+    /// CRC32C of [0, written), when the start of the object is known.
+    crc: Option<u32>,
+    /// Flush + state_lookup messages not yet answered on the current stream.
+    lookups: usize,
+    cap: u64,
+    conn: Option<Conn>,
+    backoff: Backoff,
+    failing: bool,
+    /// Set once the session failed for good; every later call returns it.
+    dead: Option<Error>,
+}
+
+impl AppendWriter {
+    pub(crate) async fn create(
+        client: Client,
+        bucket: &str,
+        object: &str,
+        if_generation_match: Option<i64>,
+    ) -> Result<AppendWriter> {
+        let mut w = AppendWriter::new(client, bucket, object, 0);
+        let spec = WriteObjectSpec {
+            resource: Some(Object {
+                name: object.to_string(),
+                bucket: bucket_path(bucket),
+                ..Default::default()
+            }),
+            if_generation_match,
+            appendable: Some(true),
+            ..Default::default()
+        };
+        w.first_open(Some(spec)).await?;
+        w.crc = Some(0);
+        Ok(w)
+    }
+
+    pub(crate) async fn takeover(
+        client: Client,
+        bucket: &str,
+        object: &str,
+        generation: i64,
+    ) -> Result<AppendWriter> {
+        let mut w = AppendWriter::new(client, bucket, object, generation);
+        w.first_open(None).await?;
+        w.crc = match (
+            w.persisted,
+            w.resource.checksums.as_ref().and_then(|c| c.crc32c),
+        ) {
+            (0, _) => Some(0),
+            (_, c) => c,
+        };
+        Ok(w)
+    }
+
+    fn new(client: Client, bucket: &str, object: &str, generation: i64) -> AppendWriter {
+        let cap = client.config().write_buffer_kb.max(2 * 1024) * 1024;
+        let backoff = Backoff::new(client.config());
+        AppendWriter {
+            what: object_url(bucket, object),
+            bucket: bucket.to_string(),
+            object: object.to_string(),
+            generation,
+            handle: None,
+            routing_token: None,
+            resource: Object::default(),
+            written: 0,
+            persisted: 0,
+            pending: Unpersisted::default(),
+            sent: 0,
+            crc: None,
+            lookups: 0,
+            cap,
+            conn: None,
+            backoff,
+            failing: false,
+            dead: None,
+            client,
+        }
+    }
+
+    /// The object's generation (appends do not change it).
+    pub fn generation(&self) -> i64 {
+        self.generation
+    }
+
+    /// Bytes accepted by `append` so far (== object size once all is persisted).
+    pub fn written(&self) -> u64 {
+        self.written
+    }
+
+    /// Bytes the service has reported persisted.
+    pub fn persisted(&self) -> u64 {
+        self.persisted
+    }
+
+    /// Queues data (split into <= 2 MiB CRC32C-checked chunks); returns once it is handed to
+    /// the stream; applies back-pressure when too much is unpersisted (bounded buffer).
+    pub async fn append(&mut self, data: Bytes) -> Result<()> {
+        self.check_dead()?;
+        let mut rest = data;
+        while !rest.is_empty() {
+            let piece = rest.split_to(rest.len().min(MAX_CHUNK));
+            let len = piece.len() as u64;
+            if self.pending.len() + len > self.cap {
+                self.wait_persisted(self.written + len - self.cap).await?;
+            }
+            self.crc = self.crc.map(|c| crc32c::crc32c_append(c, &piece));
+            self.pending.push(piece);
+            self.written += len;
+            self.pump().await?;
+        }
+        Ok(())
+    }
+
+    /// flush + state_lookup; returns when persisted_size covers everything appended.
+    pub async fn flush(&mut self) -> Result<u64> {
+        self.check_dead()?;
+        self.wait_persisted(self.written).await?;
+        Ok(self.persisted)
+    }
+
+    /// Flushes, half-closes without finalizing; the object stays appendable.
+    pub async fn close(mut self) -> Result<ObjectMeta> {
+        self.flush().await?;
+        if let Some(mut conn) = self.conn.take() {
+            drop(conn.tx);
+            // Everything is persisted already; the closing answer only refreshes metadata.
+            let timeout = Duration::from_millis(self.client.config().call_timeout_ms);
+            let drain = async {
+                while let Ok(Some(resp)) = conn.rx.message().await {
+                    if let Some(WriteStatus::Resource(o)) = resp.write_status {
+                        self.resource = o;
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(timeout, drain).await;
+        }
+        let mut meta = ObjectMeta::from(&self.resource);
+        meta.size = self.persisted;
+        meta.finalized = false;
+        Ok(meta)
+    }
+
+    /// Flushes and finalizes (finish_write, whole-object CRC32C checked).
+    pub async fn finalize(mut self) -> Result<ObjectMeta> {
+        self.check_dead()?;
+        let obj = loop {
+            match self.try_finish().await {
+                Ok(o) => break o,
+                Err(f) => {
+                    if let Err(e) = self.recover(f).await {
+                        return self.finished_anyway(e).await;
+                    }
+                }
+            }
+        };
+        self.check_final(&obj)
+    }
+
+    fn check_dead(&self) -> Result<()> {
+        match &self.dead {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
+
+    fn append_spec(&self, with_handle: bool) -> AppendObjectSpec {
+        AppendObjectSpec {
+            bucket: bucket_path(&self.bucket),
+            object: self.object.clone(),
+            generation: self.generation,
+            routing_token: self.routing_token.clone(),
+            write_handle: self
+                .handle
+                .clone()
+                .filter(|_| with_handle)
+                .map(|handle| BidiWriteHandle { handle }),
+            ..Default::default()
+        }
+    }
+
+    /// Opens a stream with `first` and waits for its first response (resource + handle).
+    async fn open(&mut self, first: FirstMessage, reopen: bool) -> Attempt<()> {
+        let write_offset = self.persisted;
+        let (tx, rx) = mpsc::channel(SEND_QUEUE);
+        let msg = BidiWriteObjectRequest {
+            first_message: Some(first),
+            write_offset: write_offset as i64,
+            ..Default::default()
+        };
+        let _ = tx.try_send(msg);
+        let req = routing::request(
+            ReceiverStream::new(rx),
+            &self.bucket,
+            self.routing_token.as_deref(),
+            None,
+        )
+        .map_err(Fail::Fatal)?;
+        let timeout = Duration::from_millis(self.client.config().call_timeout_ms);
+        let mut stub = self.client.stub();
+        let opened = async {
+            let mut rx = stub.bidi_write_object(req).await?.into_inner();
+            match rx.message().await? {
+                Some(first) => Ok((rx, first)),
+                None => Err(Status::unavailable(
+                    "write stream ended before its first answer",
+                )),
+            }
+        };
+        let (rx, first) = match tokio::time::timeout(timeout, opened).await {
+            Ok(r) => r?,
+            Err(_) => return Err(Status::deadline_exceeded("write stream open timed out").into()),
+        };
+        let size = match &first.write_status {
+            Some(WriteStatus::Resource(o)) => o.size,
+            Some(WriteStatus::PersistedSize(n)) => *n,
+            None => {
+                return Err(Fail::Fatal(Error::Other(format!(
+                    "{}: first write response carried no size",
+                    self.what
+                ))))
+            }
+        };
+        let size = u64::try_from(size).unwrap_or(0);
+        if reopen && (size < self.persisted || size > self.written) {
+            return Err(Fail::Fatal(Error::Other(format!(
+                "{}: service reports {size} bytes persisted, expected between {} and {}",
+                self.what, self.persisted, self.written
+            ))));
+        }
+        self.conn = Some(Conn { tx, rx });
+        self.lookups = 0;
+        self.on_response(first)?;
+        if !reopen {
+            // A new or taken-over object: its current size is where appends continue.
+            self.persisted = size;
+            self.written = size;
+            self.pending = Unpersisted::at(size);
+        }
+        self.sent = self.persisted;
+        Ok(())
+    }
+
+    /// Create (`create: Some`) or takeover (`None`): retried on transient errors; a redirect
+    /// only lends its routing token (its handle would turn a takeover into a mere reconnect).
+    async fn first_open(&mut self, create: Option<WriteObjectSpec>) -> Result<()> {
+        loop {
+            let first = match &create {
+                Some(spec) => FirstMessage::WriteObjectSpec(spec.clone()),
+                None => FirstMessage::AppendObjectSpec(self.append_spec(false)),
+            };
+            let s = match self.open(first, false).await {
+                Ok(()) => return Ok(()),
+                Err(Fail::Fatal(e)) => return Err(e),
+                Err(Fail::Stream(s)) => s,
+            };
+            if let Some(r) =
+                retry::redirect_detail::<BidiWriteObjectRedirectedError>(&s, REDIRECT_TYPE)
+            {
+                if r.routing_token.is_some() {
+                    self.routing_token = r.routing_token;
+                }
+                continue;
+            }
+            if !retry::is_retryable(s.code()) {
+                return Err(retry::map_status(&s, &self.what));
+            }
+            if !self.backoff.wait().await {
+                return Err(self.gave_up(&s));
+            }
+        }
+    }
+
+    fn gave_up(&self, s: &Status) -> Error {
+        Error::Unavailable(format!(
+            "{}: no progress for {}ms, giving up: {} ({:?})",
+            self.what,
+            self.client.config().retry_deadline_ms,
+            s.message(),
+            s.code()
+        ))
+    }
+
+    /// Learns what a response says: handle, persisted size, resource.
+    fn on_response(&mut self, resp: BidiWriteObjectResponse) -> Attempt<()> {
+        if let Some(h) = resp.write_handle {
+            self.handle = Some(h.handle);
+        }
+        match resp.write_status {
+            Some(WriteStatus::PersistedSize(n)) => {
+                self.lookups = self.lookups.saturating_sub(1);
+                self.set_persisted(n);
+            }
+            Some(WriteStatus::Resource(o)) => {
+                self.lookups = self.lookups.saturating_sub(1);
+                self.generation = o.generation;
+                self.set_persisted(o.size);
+                self.resource = o;
+            }
+            None => {}
+        }
+        if let (Some(theirs), Some(ours)) = (
+            resp.persisted_data_checksums.and_then(|c| c.crc32c),
+            self.crc,
+        ) {
+            if self.persisted == self.written && theirs != ours {
+                return Err(Fail::Fatal(Error::Checksum(format!(
+                    "{}: service has crc32c {theirs:08x} for {} persisted bytes, we sent {ours:08x}",
+                    self.what, self.persisted
+                ))));
+            }
+        }
+        Ok(())
+    }
+
+    /// Persisted data needs no keeping any more.
+    fn set_persisted(&mut self, n: i64) {
+        let n = u64::try_from(n).unwrap_or(0);
+        if n > self.persisted {
+            self.persisted = n;
+            self.failing = false;
+        }
+        self.pending.trim_to(self.persisted);
+    }
+
+    /// Sends one message, taking in responses that arrive while the queue is full.
+    async fn send(&mut self, msg: BidiWriteObjectRequest) -> Attempt<()> {
+        loop {
+            let Some(conn) = self.conn.as_mut() else {
+                return Err(Status::unavailable("no write stream").into());
+            };
+            let resp = tokio::select! {
+                permit = conn.tx.reserve() => {
+                    return match permit {
+                        Ok(p) => {
+                            p.send(msg);
+                            Ok(())
+                        }
+                        Err(_) => Err(Status::unavailable("write stream closed").into()),
+                    };
+                }
+                resp = conn.rx.message() => resp,
+            };
+            match resp {
+                Ok(Some(r)) => self.on_response(r)?,
+                Ok(None) => return Err(Status::unavailable("write stream ended").into()),
+                Err(s) => return Err(s.into()),
+            }
+        }
+    }
+
+    /// Takes in the responses that have already arrived, without waiting.
+    fn poll_responses(&mut self) -> Attempt<()> {
+        loop {
+            let Some(conn) = self.conn.as_mut() else {
+                return Ok(());
+            };
+            match conn.rx.message().now_or_never() {
+                None => return Ok(()),
+                Some(Ok(Some(r))) => self.on_response(r)?,
+                Some(Ok(None)) => return Err(Status::unavailable("write stream ended").into()),
+                Some(Err(s)) => return Err(s.into()),
+            }
+        }
+    }
+
+    /// Waits for the next response (a stalled stream counts as broken).
+    async fn next_response(&mut self) -> Attempt<BidiWriteObjectResponse> {
+        let stall = Duration::from_millis(self.client.config().stall_timeout_ms.max(1));
+        let Some(conn) = self.conn.as_mut() else {
+            return Err(Status::unavailable("no write stream").into());
+        };
+        match tokio::time::timeout(stall, conn.rx.message()).await {
+            Ok(Ok(Some(r))) => Ok(r),
+            Ok(Ok(None)) => Err(Status::unavailable("write stream ended").into()),
+            Ok(Err(s)) => Err(s.into()),
+            Err(_) => Err(Status::deadline_exceeded(format!("no answer for {stall:?}")).into()),
+        }
+    }
+
+    /// Sends every pending byte not yet on the current stream; asks for the persisted size
+    /// early (half the buffer) so `append` rarely has to wait for it.
+    async fn try_pump(&mut self) -> Attempt<()> {
+        self.poll_responses()?;
+        while self.sent < self.written {
+            let Some(piece) = self.pending.piece_from(self.sent) else {
+                break;
+            };
+            let start = self.sent;
+            let msg = BidiWriteObjectRequest {
+                write_offset: start as i64,
+                data: Some(Data::ChecksummedData(ChecksummedData {
+                    crc32c: Some(crc32c::crc32c(&piece)),
+                    content: piece.clone(),
+                })),
+                ..Default::default()
+            };
+            self.send(msg).await?;
+            self.sent = start + piece.len() as u64;
+        }
+        if self.lookups == 0 && self.pending.len() >= self.cap / 2 {
+            self.send_lookup().await?;
+        }
+        Ok(())
+    }
+
+    async fn send_lookup(&mut self) -> Attempt<()> {
+        let msg = BidiWriteObjectRequest {
+            write_offset: self.sent as i64,
+            flush: true,
+            state_lookup: true,
+            ..Default::default()
+        };
+        self.send(msg).await?;
+        self.lookups += 1;
+        Ok(())
+    }
+
+    async fn pump(&mut self) -> Result<()> {
+        loop {
+            match self.try_pump().await {
+                Ok(()) => return Ok(()),
+                Err(f) => self.recover(f).await?,
+            }
+        }
+    }
+
+    /// Returns once the service reports at least `target` bytes persisted.
+    async fn wait_persisted(&mut self, target: u64) -> Result<()> {
+        while self.persisted < target {
+            let attempt = async {
+                self.try_pump().await?;
+                if self.lookups == 0 {
+                    self.send_lookup().await?;
+                }
+                let r = self.next_response().await?;
+                self.on_response(r)
+            };
+            if let Err(f) = attempt.await {
+                self.recover(f).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends finish_write with the whole-object CRC32C and waits for the final resource.
+    async fn try_finish(&mut self) -> Attempt<Object> {
+        self.try_pump().await?;
+        let msg = BidiWriteObjectRequest {
+            write_offset: self.written as i64,
+            finish_write: true,
+            object_checksums: self.crc.map(|c| ObjectChecksums {
+                crc32c: Some(c),
+                md5_hash: Bytes::new(),
+            }),
+            ..Default::default()
+        };
+        self.send(msg).await?;
+        loop {
+            let r = self.next_response().await?;
+            if let Some(WriteStatus::Resource(o)) = &r.write_status {
+                if o.finalize_time.is_some() {
+                    let o = o.clone();
+                    self.on_response(r)?;
+                    return Ok(o);
+                }
+            }
+            self.on_response(r)?;
+        }
+    }
+
+    /// The final resource must hold exactly what we wrote.
+    fn check_final(&self, o: &Object) -> Result<ObjectMeta> {
+        let meta = ObjectMeta::from(o);
+        if meta.size != self.written {
+            return Err(Error::Other(format!(
+                "{}: finalized with {} bytes, {} were written",
+                self.what, meta.size, self.written
+            )));
+        }
+        if let (Some(theirs), Some(ours)) = (meta.crc32c, self.crc) {
+            if theirs != ours {
+                return Err(Error::Checksum(format!(
+                    "{}: object crc32c {theirs:08x}, we wrote {ours:08x}",
+                    self.what
+                )));
+            }
+        }
+        Ok(meta)
+    }
+
+    /// A reconnect after a lost finish answer is refused because the object is finalized:
+    /// that is success when the object holds exactly what we wrote.
+    async fn finished_anyway(&self, e: Error) -> Result<ObjectMeta> {
+        if !matches!(e, Error::Fenced(_)) {
+            return Err(e);
+        }
+        match self.client.get_object(&self.bucket, &self.object).await {
+            Ok(m) if m.finalized && m.generation == self.generation && m.size == self.written => {
+                if m.crc32c.is_some() && self.crc.is_some() && m.crc32c != self.crc {
+                    return Err(Error::Checksum(format!(
+                        "{}: object crc32c differs",
+                        self.what
+                    )));
+                }
+                Ok(m)
+            }
+            _ => Err(e),
+        }
+    }
+
+    /// After a failed attempt: give up for good, or reopen (backoff unless redirected)
+    /// with the write handle and continue from the persisted size.
+    async fn recover(&mut self, f: Fail) -> Result<()> {
+        let mut s = match f {
+            Fail::Fatal(e) => return Err(self.die(e)),
+            Fail::Stream(s) => s,
+        };
+        self.conn = None;
+        if !self.failing {
+            self.failing = true;
+            self.backoff.reset();
+        }
+        loop {
+            let redirected = self.take_redirect(&s);
+            if !redirected {
+                if s.code() == Code::FailedPrecondition {
+                    let e = Error::Fenced(format!("{}: {}", self.what, s.message()));
+                    return Err(self.die(e));
+                }
+                if !retry::is_retryable(s.code()) {
+                    return Err(self.die(retry::map_status(&s, &self.what)));
+                }
+                if !self.backoff.wait().await {
+                    let e = self.gave_up(&s);
+                    return Err(self.die(e));
+                }
+            } else if Instant::now() >= self.backoff.deadline() {
+                let e = self.gave_up(&s);
+                return Err(self.die(e));
+            }
+            tracing::debug!(object = %self.what, code = ?s.code(), msg = s.message(), "reopening write stream");
+            let first = FirstMessage::AppendObjectSpec(self.append_spec(true));
+            match self.open(first, true).await {
+                Ok(()) => return Ok(()),
+                Err(Fail::Fatal(e)) => return Err(self.die(e)),
+                Err(Fail::Stream(next)) => s = next,
+            }
+        }
+    }
+
+    fn take_redirect(&mut self, s: &Status) -> bool {
+        let Some(r) = retry::redirect_detail::<BidiWriteObjectRedirectedError>(s, REDIRECT_TYPE)
+        else {
+            return false;
+        };
+        if let Some(t) = r.routing_token {
+            self.routing_token = Some(t);
+        }
+        if let (Some(h), Some(g)) = (r.write_handle, r.generation) {
+            self.handle = Some(h.handle);
+            self.generation = g;
+        }
+        true
+    }
+
+    fn die(&mut self, e: Error) -> Error {
+        self.conn = None;
+        self.dead = Some(e.clone());
+        e
+    }
+}
