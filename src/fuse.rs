@@ -22,16 +22,9 @@ const MAX_IO: u32 = 1024 * 1024;
 const MAX_BACKGROUND: u16 = 64;
 
 /// The fuser adapter: the filesystem plus the runtime its requests run on.
-pub struct FuseAdapter {
+struct FuseAdapter {
     fs: Fs,
     rt: Handle,
-}
-
-impl FuseAdapter {
-    /// Serves `fs`, running each request as a task on `rt`.
-    pub fn new(fs: Fs, rt: Handle) -> Self {
-        FuseAdapter { fs, rt }
-    }
 }
 
 /// Mount options for the kernel: always `default_permissions` (the kernel checks modes),
@@ -48,7 +41,7 @@ pub struct MountSettings {
 }
 
 /// The fuser configuration for `settings`.
-pub fn mount_config(settings: &MountSettings) -> fuser::Config {
+fn mount_config(settings: &MountSettings) -> fuser::Config {
     let mut opts = vec![
         MountOption::FSName(settings.fsname.clone()),
         MountOption::Subtype("rapidfs".to_string()),
@@ -83,14 +76,70 @@ pub fn mount_config(settings: &MountSettings) -> fuser::Config {
     cfg
 }
 
-/// Mounts `adapter` on `mountpoint`; returns once the kernel handshake is done (the mount is
-/// live). Serve it with `Session::run`.
-pub fn mount(
-    adapter: FuseAdapter,
-    mountpoint: &Path,
-    settings: &MountSettings,
-) -> std::io::Result<fuser::Session<FuseAdapter>> {
-    fuser::Session::new(adapter, mountpoint, &mount_config(settings))
+/// A live mount served by its own thread; unmounted when dropped.
+pub struct Mounted {
+    unmounter: fuser::SessionUnmounter,
+    thread: Option<std::thread::JoinHandle<std::io::Result<()>>>,
+    ended: Option<tokio::sync::oneshot::Receiver<()>>,
+}
+
+impl Mounted {
+    /// Mounts `fs` on `mountpoint` and starts serving it, each request as a task on `rt`.
+    /// Returns once the kernel handshake is done: the mount is live.
+    pub fn start(
+        fs: Fs,
+        rt: Handle,
+        mountpoint: &Path,
+        settings: &MountSettings,
+    ) -> std::io::Result<Mounted> {
+        let adapter = FuseAdapter { fs, rt };
+        let mut session = fuser::Session::new(adapter, mountpoint, &mount_config(settings))?;
+        let unmounter = session.unmount_callable();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let thread = std::thread::Builder::new()
+            .name("fuse".to_string())
+            .spawn(move || {
+                let r = session.run();
+                let _ = tx.send(());
+                r
+            })?;
+        Ok(Mounted {
+            unmounter,
+            thread: Some(thread),
+            ended: Some(rx),
+        })
+    }
+
+    /// Resolves when the session ends (unmounted from outside, e.g. `fusermount3 -u`).
+    /// Only the first call gets a live receiver.
+    pub fn ended(&mut self) -> tokio::sync::oneshot::Receiver<()> {
+        self.ended
+            .take()
+            .unwrap_or_else(|| tokio::sync::oneshot::channel().1)
+    }
+
+    /// Unmounts (if still mounted) and waits for the serving thread to finish.
+    pub fn unmount(mut self) -> std::io::Result<()> {
+        self.finish()
+    }
+
+    fn finish(&mut self) -> std::io::Result<()> {
+        let unmounted = self.unmounter.unmount();
+        let joined = match self.thread.take().map(|t| t.join()) {
+            Some(Ok(r)) => r,
+            Some(Err(_)) => Err(std::io::Error::other("the FUSE thread panicked")),
+            None => Ok(()),
+        };
+        unmounted.and(joined)
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if let Err(e) = self.finish() {
+            tracing::warn!(error = %e, "unmount failed");
+        }
+    }
 }
 
 fn errno(e: FsErrno) -> Errno {

@@ -8,7 +8,7 @@
 use crate::config::{Config, LogFormat};
 use crate::emulator::{Emulator, EmulatorOptions, Faults};
 use crate::fs::Fs;
-use crate::fuse::{self, FuseAdapter, MountSettings};
+use crate::fuse::{MountSettings, Mounted};
 use crate::gcs::{self, Client};
 use anyhow::{anyhow, bail, Context};
 use clap::Args;
@@ -259,22 +259,9 @@ fn serve(
             .map(|s| s.trim().to_string())
             .collect(),
     };
-    let mut session = fuse::mount(
-        FuseAdapter::new(fs, rt.handle().clone()),
-        mountpoint,
-        &settings,
-    )
-    .map_err(|e| anyhow!("cannot mount on {}: {e}", mountpoint.display()))?;
-    let mut unmounter = session.unmount_callable();
-    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
-    let fuse_thread = std::thread::Builder::new()
-        .name("fuse".to_string())
-        .spawn(move || {
-            let r = session.run();
-            let _ = done_tx.send(());
-            r
-        })
-        .context("starting the FUSE thread")?;
+    let mut mounted = Mounted::start(fs, rt.handle().clone(), mountpoint, &settings)
+        .map_err(|e| anyhow!("cannot mount on {}: {e}", mountpoint.display()))?;
+    let ended = mounted.ended();
     set_read_ahead(mountpoint, cfg.read.kernel_read_ahead_kb);
     tracing::info!(bucket = %args.bucket, mountpoint = %mountpoint.display(), endpoint = %cfg.gcs.endpoint, "mounted");
     if let Ready::Pipe(_) = ready {
@@ -285,19 +272,14 @@ fn serve(
         tokio::select! {
             _ = sigint.recv() => true,
             _ = sigterm.recv() => true,
-            _ = done_rx => false,
+            _ = ended => false,
         }
     });
     if signalled {
         tracing::info!("signal received: unmounting");
-        if let Err(e) = unmounter.unmount() {
-            tracing::error!(error = %e, "unmount failed");
-        }
     }
-    match fuse_thread.join() {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::warn!(error = %e, "FUSE session ended with an error"),
-        Err(_) => tracing::error!("FUSE thread panicked"),
+    if let Err(e) = mounted.unmount() {
+        tracing::warn!(error = %e, "unmount ended with an error");
     }
     if let Some(emu) = emulator {
         rt.block_on(emu.shutdown());
