@@ -1,25 +1,159 @@
 //! `rapidfs emulator`: serve a directory (or memory) as buckets over the GCS gRPC API.
+//! Parses the flags and the optional `--config` file (`[emulator]` and `[emulator.faults]`),
+//! binds the address, prints the endpoint, and serves until SIGINT or SIGTERM.
 
 use crate::config::LogFormat;
+use crate::emulator::{serve, EmulatorOptions, Faults};
+use anyhow::Context;
 use clap::Args;
+use serde::Deserialize;
+use std::io::Write;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Flags of `rapidfs emulator`.
 #[derive(Debug, Args)]
 pub struct EmulatorArgs {
-    /// Directory whose subdirectories are buckets and whose files are objects.
+    /// Directory whose subdirectories are buckets and whose files are objects (with
+    /// --memory: preloaded into memory, never written back).
     #[arg(long)]
-    pub root: PathBuf,
+    pub root: Option<PathBuf>,
     /// Address to listen on; loopback unless told otherwise.
-    #[arg(long, default_value = "127.0.0.1:8099")]
-    pub listen: SocketAddr,
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
     /// Zone reported by GetStorageLayout and GetBucket.
-    #[arg(long, default_value = "us-central1-a")]
-    pub zone: String,
+    #[arg(long)]
+    pub zone: Option<String>,
     /// Hold objects in memory (any names; nothing survives a restart).
     #[arg(long)]
     pub memory: bool,
+    /// TOML file with an `[emulator]` table (root, listen, zone, memory) and
+    /// `[emulator.faults]` (the fault flags below); flags win over it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Delay added to every response message and unary call, in microseconds.
+    #[arg(long)]
+    pub latency_us: Option<u64>,
+    /// End each read stream with UNAVAILABLE after it has sent this many payload bytes.
+    #[arg(long)]
+    pub cut_read_after_bytes: Option<u64>,
+    /// End each write stream with UNAVAILABLE when its payload would cross this many bytes.
+    #[arg(long)]
+    pub cut_write_after_bytes: Option<u64>,
+    /// Fail every k-th call (unary calls and stream opens) with UNAVAILABLE.
+    #[arg(long)]
+    pub unavailable_every: Option<u64>,
+    /// Redirect (ABORTED with routing token and handle) every k-th bidi stream open.
+    #[arg(long)]
+    pub redirect_every: Option<u64>,
+    /// Random chunk sizes, interleaved read_ids, trailing empty chunks.
+    #[arg(long)]
+    pub chaos: bool,
+}
+
+/// The `--config` file: only the `[emulator]` table.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct ConfigFile {
+    emulator: EmulatorSection,
+}
+
+/// The `[emulator]` table.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct EmulatorSection {
+    root: Option<PathBuf>,
+    listen: Option<SocketAddr>,
+    zone: Option<String>,
+    memory: bool,
+    faults: Faults,
+}
+
+/// The listen address when neither a flag nor the file says.
+const DEFAULT_LISTEN: &str = "127.0.0.1:8099";
+/// The zone when neither a flag nor the file says.
+const DEFAULT_ZONE: &str = "us-central1-a";
+
+fn read_config(path: &Path) -> anyhow::Result<EmulatorSection> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read config {}", path.display()))?;
+    let file: ConfigFile = toml::from_str(&text)
+        .map_err(|e| anyhow::anyhow!("config {}: {}", path.display(), e.message()))?;
+    Ok(file.emulator)
+}
+
+/// Flags over the file over the defaults.
+fn resolve(args: EmulatorArgs) -> anyhow::Result<(EmulatorOptions, SocketAddr)> {
+    let file = match &args.config {
+        Some(p) => read_config(p)?,
+        None => EmulatorSection::default(),
+    };
+    let mut faults = file.faults;
+    if let Some(v) = args.latency_us {
+        faults.latency_us = v;
+    }
+    if args.cut_read_after_bytes.is_some() {
+        faults.cut_read_after_bytes = args.cut_read_after_bytes;
+    }
+    if args.cut_write_after_bytes.is_some() {
+        faults.cut_write_after_bytes = args.cut_write_after_bytes;
+    }
+    if args.unavailable_every.is_some() {
+        faults.unavailable_every = args.unavailable_every;
+    }
+    if args.redirect_every.is_some() {
+        faults.redirect_every = args.redirect_every;
+    }
+    faults.chaos |= args.chaos;
+    for (name, k) in [
+        ("unavailable_every", faults.unavailable_every),
+        ("redirect_every", faults.redirect_every),
+    ] {
+        anyhow::ensure!(k != Some(0), "{name} must be at least 1");
+    }
+    let memory = args.memory || file.memory;
+    let root = args.root.or(file.root);
+    if root.is_none() && !memory {
+        anyhow::bail!("missing --root DIR (the directory to serve), or use --memory");
+    }
+    if let Some(r) = &root {
+        let meta = std::fs::metadata(r)
+            .with_context(|| format!("root directory {} is not usable", r.display()))?;
+        anyhow::ensure!(meta.is_dir(), "root {} is not a directory", r.display());
+    }
+    let listen = match args.listen.or(file.listen) {
+        Some(l) => l,
+        None => DEFAULT_LISTEN.parse()?,
+    };
+    let zone = args
+        .zone
+        .or(file.zone)
+        .unwrap_or_else(|| DEFAULT_ZONE.to_string());
+    Ok((
+        EmulatorOptions {
+            root,
+            memory,
+            zone,
+            faults,
+        },
+        listen,
+    ))
+}
+
+/// Resolves when SIGINT or SIGTERM arrives.
+async fn stop_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
 }
 
 /// Runs the emulator until SIGINT or SIGTERM.
@@ -32,8 +166,26 @@ pub fn run(
         log_level.as_deref().unwrap_or("info"),
         log_format.unwrap_or(LogFormat::Text),
     );
-    anyhow::bail!(
-        "the emulator over {} is not built yet ({args:?})",
-        args.root.display()
-    )
+    let (opts, listen) = resolve(args)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("cannot listen on {listen}"))?;
+        let addr = listener.local_addr()?;
+        let what = match (&opts.root, opts.memory) {
+            (Some(r), false) => format!("directory {}", r.display()),
+            (Some(r), true) => format!("memory, preloaded from {}", r.display()),
+            (None, _) => "memory".to_string(),
+        };
+        println!(
+            "rapidfs emulator listening on http://{addr} ({what}, zone {})",
+            opts.zone
+        );
+        let _ = std::io::stdout().flush();
+        serve(listener, opts, stop_signal()).await
+    })
 }

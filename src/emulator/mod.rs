@@ -1,3 +1,229 @@
 //! The built-in emulator: the server side of the `google.storage.v2` wire, serving a local
 //! directory (or memory) as buckets. Depends only on `crate::proto`; shares no state with the
 //! client.
+//!
+//! Layout: `store` (the object model and API rules) over a backend (`memory` or
+//! `directory`) holding `content` (one generation's bytes); the RPCs in `read`
+//! (BidiReadObject), `write` (BidiWriteObject), `unary`, `listing` and `control`, wired to the
+//! generated traits in `service`; `faults`, `stats` and `wire` (shared call plumbing).
+
+mod content;
+mod control;
+
+mod faults;
+mod listing;
+mod memory;
+mod read;
+mod service;
+mod stats;
+mod store;
+mod unary;
+mod wire;
+mod write;
+
+pub use faults::Faults;
+pub use stats::StatsSnapshot;
+
+use crate::proto::control::storage_control_server::StorageControlServer;
+use crate::proto::storage::storage_server::StorageServer;
+use anyhow::Context;
+use faults::FaultState;
+use stats::Stats;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use store::{Preconditions, Store};
+
+/// HTTP/2 flow-control windows: large, so one stream can carry GB/s over loopback.
+const STREAM_WINDOW: u32 = 32 * 1024 * 1024;
+const CONNECTION_WINDOW: u32 = 64 * 1024 * 1024;
+/// Largest gRPC message accepted or sent (a 2 MiB chunk plus framing, with room to spare).
+const MAX_MESSAGE: usize = 16 * 1024 * 1024;
+
+/// How to run an emulator.
+#[derive(Debug, Clone, Default)]
+pub struct EmulatorOptions {
+    /// Directory backend when `Some` and `!memory`; with `memory`, buckets preloaded from it.
+    pub root: Option<PathBuf>,
+    /// Memory backend.
+    pub memory: bool,
+    /// Zone reported by GetStorageLayout and GetBucket, e.g. "us-central1-a".
+    pub zone: String,
+    /// Faults injected from the start.
+    pub faults: Faults,
+}
+
+/// The state every RPC handler shares (cheap to clone).
+#[derive(Clone)]
+pub(crate) struct Service {
+    store: Arc<Store>,
+    calls: wire::Calls,
+    zone: String,
+}
+
+impl Service {
+    fn new(opts: &EmulatorOptions) -> anyhow::Result<Service> {
+        let backend: Box<dyn store::Backend> = match (&opts.root, opts.memory) {
+            (root, true) => {
+                if let Some(r) = root {
+                    check_root(r)?;
+                }
+                Box::new(memory::MemoryBackend::new(root.clone()))
+            }
+            (Some(root), false) => {
+                check_root(root)?;
+                anyhow::bail!(
+                    "the directory backend over {} is not built yet",
+                    root.display()
+                )
+            }
+            (None, false) => anyhow::bail!("no backend: give a root directory or choose memory"),
+        };
+        let zone = if opts.zone.is_empty() {
+            "us-central1-a".to_string()
+        } else {
+            opts.zone.clone()
+        };
+        Ok(Service {
+            store: Store::open(backend)?,
+            calls: wire::Calls {
+                stats: Arc::new(Stats::default()),
+                faults: FaultState::new(opts.faults.clone()),
+            },
+            zone,
+        })
+    }
+
+    async fn run(
+        self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        let incoming =
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        tonic::transport::Server::builder()
+            .initial_stream_window_size(STREAM_WINDOW)
+            .initial_connection_window_size(CONNECTION_WINDOW)
+            .max_frame_size(1024 * 1024 - 1)
+            .add_service(
+                StorageServer::new(self.clone())
+                    .max_decoding_message_size(MAX_MESSAGE)
+                    .max_encoding_message_size(MAX_MESSAGE),
+            )
+            .add_service(StorageControlServer::new(self))
+            .serve_with_incoming_shutdown(incoming, shutdown)
+            .await
+            .context("the gRPC server failed")
+    }
+}
+
+fn check_root(root: &std::path::Path) -> anyhow::Result<()> {
+    let meta = std::fs::metadata(root)
+        .with_context(|| format!("root directory {} is not usable", root.display()))?;
+    anyhow::ensure!(meta.is_dir(), "root {} is not a directory", root.display());
+    Ok(())
+}
+
+/// The same function the `rapidfs emulator` subcommand calls: serves `listener` until
+/// `shutdown` completes.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    opts: EmulatorOptions,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    Service::new(&opts)?.run(listener, shutdown).await
+}
+
+/// A running in-process emulator (tests, benchmarks, `mount --emulator`).
+pub struct Emulator {
+    addr: SocketAddr,
+    service: Service,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl Emulator {
+    /// Binds `listen` (use "127.0.0.1:0" in tests) and serves until `shutdown()` or drop.
+    pub async fn start(opts: EmulatorOptions, listen: SocketAddr) -> anyhow::Result<Emulator> {
+        let service = Service::new(&opts)?;
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("cannot listen on {listen}"))?;
+        let addr = listener.local_addr()?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(service.clone().run(listener, async move {
+            let _ = stopped.await;
+        }));
+        Ok(Emulator {
+            addr,
+            service,
+            stop: Some(stop),
+            task: Some(task),
+        })
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// "http://127.0.0.1:PORT"
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> StatsSnapshot {
+        self.service.calls.stats.snapshot()
+    }
+
+    /// Sets every counter to zero.
+    pub fn reset_stats(&self) {
+        self.service.calls.stats.reset()
+    }
+
+    /// Changes the injected faults from now on (streams already open keep theirs).
+    pub fn set_faults(&self, faults: Faults) {
+        self.service.calls.faults.set(faults)
+    }
+
+    /// Test setup without going through the wire.
+    pub fn create_bucket(&self, bucket: &str) -> anyhow::Result<()> {
+        self.service
+            .store
+            .create_bucket(bucket)
+            .map_err(|s| anyhow::anyhow!("create bucket {bucket:?}: {}", s.message()))
+    }
+
+    /// Creates (or replaces, new generation) a finalized object.
+    pub fn put_object(&self, bucket: &str, name: &str, data: bytes::Bytes) -> anyhow::Result<i64> {
+        self.service
+            .store
+            .put(
+                bucket,
+                name,
+                content::Segments::from_bytes(data),
+                Preconditions::default(),
+            )
+            .map(|e| e.content.generation)
+            .map_err(|s| anyhow::anyhow!("put {bucket}/{name}: {}", s.message()))
+    }
+
+    /// Stops serving and waits until the server has closed.
+    pub async fn shutdown(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for Emulator {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}

@@ -1,0 +1,336 @@
+//! The bytes and write state of one object generation: held in memory as immutable
+//! `Bytes` segments (served without copying) or in a file of the directory backend.
+//! Enforces one writer at a time (fencing by token) and tracks written vs persisted bytes.
+//! Touches only its own data and, for files, the one file of the generation.
+
+use bytes::{Bytes, BytesMut};
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::SystemTime;
+use tonic::Status;
+
+/// The largest chunk sent or accepted in one message.
+pub(crate) const MAX_CHUNK: usize = 2 * 1024 * 1024;
+
+/// Bytes of one generation in memory: a list of immutable segments, appended to in place.
+#[derive(Debug, Default)]
+pub(crate) struct Segments {
+    segs: Vec<Bytes>,
+    starts: Vec<u64>,
+    len: u64,
+}
+
+impl Segments {
+    /// One segment holding `data`.
+    pub fn from_bytes(data: Bytes) -> Segments {
+        let mut s = Segments::default();
+        s.push(data);
+        s
+    }
+
+    /// Appends a segment (kept as is: no copy).
+    pub fn push(&mut self, data: Bytes) {
+        if data.is_empty() {
+            return;
+        }
+        self.starts.push(self.len);
+        self.len += data.len() as u64;
+        self.segs.push(data);
+    }
+
+    /// Total length.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Up to `max` bytes at `offset`, sliced without copying; shorter at a segment edge.
+    pub fn slice(&self, offset: u64, max: usize) -> Bytes {
+        if offset >= self.len || max == 0 {
+            return Bytes::new();
+        }
+        let i = self.starts.partition_point(|&s| s <= offset) - 1;
+        let seg = &self.segs[i];
+        let from = (offset - self.starts[i]) as usize;
+        let to = seg.len().min(from + max);
+        seg.slice(from..to)
+    }
+
+    /// The segments in order.
+    pub fn iter(&self) -> impl Iterator<Item = &Bytes> {
+        self.segs.iter()
+    }
+}
+
+/// Where a generation's bytes live.
+#[derive(Debug, Clone)]
+pub(crate) enum Data {
+    /// In memory.
+    Mem(Arc<RwLock<Segments>>),
+    /// In a file of the directory backend.
+    #[allow(dead_code)]
+    File(PathBuf),
+}
+
+/// The mutable state of one generation, guarded by the content's lock.
+#[derive(Debug, Clone)]
+pub(crate) struct WriteState {
+    /// The writer that owns the object now; 0 = none since start (any handle reconnects).
+    pub token: u64,
+    /// Bytes stored (persisted or not).
+    pub written: u64,
+    /// CRC32C of the `written` bytes.
+    pub crc: u32,
+    /// Bytes durable and visible to readers.
+    pub persisted: u64,
+    /// CRC32C of the `persisted` bytes.
+    pub persisted_crc: u32,
+    /// False for files found on disk, whose checksum was never computed.
+    pub crc_known: bool,
+    /// Set once finalized; unset = an appendable object still open to appends.
+    pub finalized: Option<SystemTime>,
+    /// Last change.
+    pub update_time: SystemTime,
+    /// Deleted or replaced: writers fail, new readers cannot find it.
+    pub gone: bool,
+}
+
+impl WriteState {
+    /// A finalized generation of `len` bytes.
+    pub fn finalized(len: u64, crc: Option<u32>, now: SystemTime) -> WriteState {
+        WriteState {
+            token: 0,
+            written: len,
+            crc: crc.unwrap_or(0),
+            persisted: len,
+            persisted_crc: crc.unwrap_or(0),
+            crc_known: crc.is_some(),
+            finalized: Some(now),
+            update_time: now,
+            gone: false,
+        }
+    }
+
+    /// An empty appendable generation owned by writer `token`.
+    pub fn appendable(token: u64, now: SystemTime) -> WriteState {
+        WriteState {
+            token,
+            written: 0,
+            crc: 0,
+            persisted: 0,
+            persisted_crc: 0,
+            crc_known: true,
+            finalized: None,
+            update_time: now,
+            gone: false,
+        }
+    }
+}
+
+/// One object generation: its bytes and its write state.
+#[derive(Debug)]
+pub(crate) struct Content {
+    /// The generation number.
+    pub generation: i64,
+    /// Where the bytes are.
+    pub data: Data,
+    state: Mutex<WriteState>,
+}
+
+impl Content {
+    /// A generation with the given bytes and state.
+    pub fn new(generation: i64, data: Data, state: WriteState) -> Arc<Content> {
+        Arc::new(Content {
+            generation,
+            data,
+            state: Mutex::new(state),
+        })
+    }
+
+    /// Locks the write state (a poisoned lock is still usable: the state is plain data).
+    pub fn state(&self) -> MutexGuard<'_, WriteState> {
+        match self.state.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    /// Bytes readers may see now.
+    pub fn persisted(&self) -> u64 {
+        self.state().persisted
+    }
+
+    /// Opens the bytes for reading (a file stays readable even if replaced meanwhile).
+    pub fn open_reader(&self) -> io::Result<ContentReader> {
+        Ok(match &self.data {
+            Data::Mem(segs) => ContentReader::Mem(segs.clone()),
+            Data::File(path) => ContentReader::File(File::open(path)?),
+        })
+    }
+
+    /// Opens the bytes for appending as writer `token`.
+    pub fn open_writer(self: &Arc<Self>, token: u64) -> Result<ContentWriter, Status> {
+        let file = match &self.data {
+            Data::Mem(_) => None,
+            Data::File(path) => Some(
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(path)
+                    .map_err(|e| Status::internal(format!("open {}: {e}", path.display())))?,
+            ),
+        };
+        Ok(ContentWriter {
+            content: self.clone(),
+            token,
+            file,
+        })
+    }
+}
+
+/// An open handle on a generation's bytes for one read stream.
+#[derive(Debug)]
+pub(crate) enum ContentReader {
+    /// Memory segments, sliced without copying.
+    Mem(Arc<RwLock<Segments>>),
+    /// A file opened at stream start.
+    File(File),
+}
+
+impl ContentReader {
+    /// Up to `max` bytes at `offset` (shorter at a segment edge or the end of the data).
+    pub fn read(&self, offset: u64, max: usize) -> io::Result<Bytes> {
+        match self {
+            ContentReader::Mem(segs) => Ok(match segs.read() {
+                Ok(s) => s.slice(offset, max),
+                Err(poisoned) => poisoned.into_inner().slice(offset, max),
+            }),
+            ContentReader::File(file) => {
+                let mut buf = BytesMut::zeroed(max);
+                let mut filled = 0;
+                while filled < max {
+                    let n = file.read_at(&mut buf[filled..], offset + filled as u64)?;
+                    if n == 0 {
+                        break;
+                    }
+                    filled += n;
+                }
+                buf.truncate(filled);
+                Ok(buf.freeze())
+            }
+        }
+    }
+}
+
+/// The error a fenced, finalized or vanished generation gives a writer.
+pub(crate) fn check_writable(state: &WriteState, token: u64) -> Result<(), Status> {
+    if state.gone {
+        return Err(Status::failed_precondition(
+            "the object was deleted or replaced by a newer generation while being written",
+        ));
+    }
+    if state.token != token {
+        return Err(Status::failed_precondition(
+            "stale write handle: another writer took over this object (takeover by a newer AppendObjectSpec)",
+        ));
+    }
+    if state.finalized.is_some() {
+        return Err(Status::failed_precondition(
+            "the object is finalized; appending to it is not allowed",
+        ));
+    }
+    Ok(())
+}
+
+/// The writing side of one generation for one write stream.
+#[derive(Debug)]
+pub(crate) struct ContentWriter {
+    /// The generation written.
+    pub content: Arc<Content>,
+    /// This writer's fencing token.
+    pub token: u64,
+    file: Option<File>,
+}
+
+impl ContentWriter {
+    /// Fails if this writer was fenced or the object finalized or gone.
+    pub fn check(&self) -> Result<(), Status> {
+        check_writable(&self.content.state(), self.token)
+    }
+
+    /// Appends `data` found at `offset`; the part below what is already stored is skipped
+    /// unchecked. Memory data is persisted at once; file data when `sync` runs.
+    pub fn append(&mut self, offset: u64, data: Bytes) -> Result<(), Status> {
+        let mut st = self.content.state();
+        check_writable(&st, self.token)?;
+        if offset > st.written {
+            return Err(Status::invalid_argument(format!(
+                "write_offset {offset} is beyond the object's current size {}",
+                st.written
+            )));
+        }
+        let skip = (st.written - offset).min(data.len() as u64) as usize;
+        let new = data.slice(skip..);
+        if new.is_empty() {
+            return Ok(());
+        }
+        match (&self.content.data, &self.file) {
+            (Data::Mem(segs), _) => {
+                match segs.write() {
+                    Ok(mut s) => s.push(new.clone()),
+                    Err(poisoned) => poisoned.into_inner().push(new.clone()),
+                }
+                st.persisted += new.len() as u64;
+                st.persisted_crc = crc32c::crc32c_append(st.persisted_crc, &new);
+            }
+            (Data::File(path), Some(file)) => {
+                file.write_all_at(&new, st.written)
+                    .map_err(|e| Status::internal(format!("write {}: {e}", path.display())))?;
+            }
+            (Data::File(path), None) => {
+                return Err(Status::internal(format!(
+                    "{} is not open for writing",
+                    path.display()
+                )))
+            }
+        }
+        st.written += new.len() as u64;
+        st.crc = crc32c::crc32c_append(st.crc, &new);
+        st.update_time = SystemTime::now();
+        Ok(())
+    }
+
+    /// Makes everything written durable; true when the persisted size moved.
+    pub fn sync(&mut self) -> Result<bool, Status> {
+        if let (Some(file), Data::File(path)) = (&self.file, &self.content.data) {
+            file.sync_data()
+                .map_err(|e| Status::internal(format!("fsync {}: {e}", path.display())))?;
+        }
+        let mut st = self.content.state();
+        let moved = st.persisted != st.written;
+        st.persisted = st.written;
+        st.persisted_crc = st.crc;
+        Ok(moved)
+    }
+
+    /// Syncs, checks the whole-object CRC32C if given, and finalizes.
+    pub fn finalize(&mut self, expected_crc: Option<u32>) -> Result<(), Status> {
+        self.check()?;
+        self.sync()?;
+        let mut st = self.content.state();
+        check_writable(&st, self.token)?;
+        if let Some(expected) = expected_crc {
+            if expected != st.crc {
+                return Err(Status::invalid_argument(format!(
+                    "object crc32c mismatch: the client sent {expected:#010x}, the {} stored bytes have {:#010x}",
+                    st.written, st.crc
+                )));
+            }
+        }
+        let now = SystemTime::now();
+        st.finalized = Some(now);
+        st.update_time = now;
+        Ok(())
+    }
+}

@@ -1,0 +1,103 @@
+//! Fault and realism injection: the `Faults` settings (changeable at run time) and the
+//! counters that decide which call or stream open gets a fault. Touches nothing else.
+
+use rand::Rng;
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+/// Fault and realism injection; changeable at run time.
+#[derive(Debug, Clone, Default, serde::Deserialize, serde::Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Faults {
+    /// Delay added to every response message and unary call, in microseconds; messages keep
+    /// flowing behind it (a pipeline delay, not a throughput cap).
+    pub latency_us: u64,
+    /// Cut (end with UNAVAILABLE) a BidiReadObject stream after it has sent this many payload bytes.
+    pub cut_read_after_bytes: Option<u64>,
+    /// Cut a BidiWriteObject stream after it has received this many payload bytes.
+    pub cut_write_after_bytes: Option<u64>,
+    /// Fail every k-th call (unary calls and stream opens) with UNAVAILABLE.
+    pub unavailable_every: Option<u64>,
+    /// Answer every k-th bidi stream open (read and write) with ABORTED carrying a
+    /// Bidi{Read,Write}ObjectRedirectedError (routing token + handle).
+    pub redirect_every: Option<u64>,
+    /// Chunks of random size (1 B..=2 MiB), interleaved read_ids, trailing empty chunks after range_end.
+    pub chaos: bool,
+}
+
+/// The live fault settings plus the counters that pick the k-th call.
+#[derive(Debug, Default)]
+pub(crate) struct FaultState {
+    faults: RwLock<Faults>,
+    calls: AtomicU64,
+    opens: AtomicU64,
+    /// Routing tokens handed out in redirects; a reopen carrying one is not redirected again.
+    tokens: Mutex<HashSet<String>>,
+}
+
+impl FaultState {
+    /// Starts with `faults`.
+    pub fn new(faults: Faults) -> Arc<FaultState> {
+        Arc::new(FaultState {
+            faults: RwLock::new(faults),
+            ..FaultState::default()
+        })
+    }
+
+    /// The settings now.
+    pub fn get(&self) -> Faults {
+        match self.faults.read() {
+            Ok(f) => f.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Replaces the settings and restarts the k-th counters.
+    pub fn set(&self, faults: Faults) {
+        match self.faults.write() {
+            Ok(mut f) => *f = faults,
+            Err(poisoned) => *poisoned.into_inner() = faults,
+        }
+        self.calls.store(0, Ordering::Relaxed);
+        self.opens.store(0, Ordering::Relaxed);
+    }
+
+    /// The delay to add to each message, if any.
+    pub fn latency(&self) -> Option<Duration> {
+        let us = self.get().latency_us;
+        (us > 0).then(|| Duration::from_micros(us))
+    }
+
+    /// Counts one call; true when this one must fail with UNAVAILABLE.
+    pub fn call_fails(&self) -> bool {
+        let n = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
+        matches!(self.get().unavailable_every, Some(k) if k > 0 && n % k == 0)
+    }
+
+    /// Counts one bidi stream open; returns a fresh routing token when this one must be
+    /// redirected. An open that carries a token we handed out is let through.
+    pub fn redirect(&self, presented_token: Option<&str>) -> Option<String> {
+        let n = self.opens.fetch_add(1, Ordering::Relaxed) + 1;
+        let k = self.get().redirect_every?;
+        if let Some(t) = presented_token {
+            if self.lock_tokens().contains(t) {
+                return None;
+            }
+        }
+        if k == 0 || n % k != 0 {
+            return None;
+        }
+        let token = format!("rt-{:016x}", rand::rng().random::<u64>());
+        self.lock_tokens().insert(token.clone());
+        Some(token)
+    }
+
+    fn lock_tokens(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        match self.tokens.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+}

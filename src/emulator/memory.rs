@@ -1,0 +1,179 @@
+//! The memory backend: every generation's bytes are `Bytes` segments in RAM, so reads are
+//! served without copying; any object name is allowed. Optionally preloaded from a directory
+//! tree (read once at start, never written back). Touches no files except that preload.
+
+use super::content::{Content, Data, Segments, WriteState};
+use super::store::{add_parent_folders, Backend, BucketState, Entry, Stamp, Store};
+use bytes::Bytes;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::SystemTime;
+use tonic::Status;
+
+/// Objects in RAM.
+pub(crate) struct MemoryBackend {
+    preload: Option<PathBuf>,
+}
+
+impl MemoryBackend {
+    /// An empty store, or one preloaded with the buckets under `preload`.
+    pub fn new(preload: Option<PathBuf>) -> MemoryBackend {
+        MemoryBackend { preload }
+    }
+}
+
+/// Files under `dir` as (relative name, path), and sub-directories as folder names ("a/").
+/// Hidden entries at the top of a bucket are skipped only when `skip` says so.
+pub(crate) fn walk(
+    dir: &Path,
+    rel: &str,
+    files: &mut Vec<(String, PathBuf)>,
+    folders: &mut Vec<String>,
+) -> std::io::Result<()> {
+    let rd = match std::fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for ent in rd {
+        let ent = ent?;
+        let Ok(name) = ent.file_name().into_string() else {
+            continue;
+        };
+        let ty = ent.file_type()?;
+        let full = format!("{rel}{name}");
+        if ty.is_dir() {
+            folders.push(format!("{full}/"));
+            walk(&ent.path(), &format!("{full}/"), files, folders)?;
+        } else if ty.is_file() {
+            files.push((full, ent.path()));
+        }
+    }
+    Ok(())
+}
+
+/// The non-hidden sub-directories of `root`: the buckets.
+pub(crate) fn bucket_dirs(root: &Path) -> std::io::Result<Vec<String>> {
+    let mut out = Vec::new();
+    for ent in std::fs::read_dir(root)? {
+        let ent = ent?;
+        if !ent.file_type()?.is_dir() {
+            continue;
+        }
+        if let Ok(name) = ent.file_name().into_string() {
+            if !name.starts_with('.') {
+                out.push(name);
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+impl Backend for MemoryBackend {
+    fn check_name(&self, _name: &str) -> Result<(), Status> {
+        Ok(())
+    }
+
+    fn load(&self, store: &Store) -> anyhow::Result<BTreeMap<String, BucketState>> {
+        let mut out = BTreeMap::new();
+        let Some(root) = &self.preload else {
+            return Ok(out);
+        };
+        for bucket in bucket_dirs(root)? {
+            let now = SystemTime::now();
+            let mut state = BucketState::new(now);
+            let (mut files, mut folders) = (Vec::new(), Vec::new());
+            walk(&root.join(&bucket), "", &mut files, &mut folders)?;
+            for f in folders {
+                state.folders.insert(f, now);
+            }
+            for (name, path) in files {
+                let bytes = Bytes::from(std::fs::read(&path)?);
+                let crc = crc32c::crc32c(&bytes);
+                let len = bytes.len() as u64;
+                let content = Content::new(
+                    store.next_generation(),
+                    Data::Mem(Arc::new(RwLock::new(Segments::from_bytes(bytes)))),
+                    WriteState::finalized(len, Some(crc), now),
+                );
+                add_parent_folders(&mut state, &name);
+                state.objects.insert(
+                    name,
+                    Entry {
+                        content,
+                        metageneration: 1,
+                        create_time: now,
+                        stamp: None,
+                    },
+                );
+            }
+            out.insert(bucket, state);
+        }
+        Ok(out)
+    }
+
+    fn refresh(&self, _: &Store, _: &str, _: &mut BucketState, _: &str) -> Result<bool, Status> {
+        Ok(false)
+    }
+
+    fn refresh_one(
+        &self,
+        _: &Store,
+        _: &str,
+        _: &mut BucketState,
+        _: &str,
+    ) -> Result<bool, Status> {
+        Ok(false)
+    }
+
+    fn create_bucket(&self, _bucket: &str) -> Result<(), Status> {
+        Ok(())
+    }
+
+    fn new_appendable(&self, _bucket: &str, _name: &str) -> Result<Data, Status> {
+        Ok(Data::Mem(Arc::new(RwLock::new(Segments::default()))))
+    }
+
+    fn materialize(
+        &self,
+        _bucket: &str,
+        _name: &str,
+        segs: Arc<RwLock<Segments>>,
+    ) -> Result<Data, Status> {
+        Ok(Data::Mem(segs))
+    }
+
+    fn remove(&self, _bucket: &str, _name: &str) -> Result<(), Status> {
+        Ok(())
+    }
+
+    fn rename(&self, _bucket: &str, _from: &str, _to: &str, data: &Data) -> Result<Data, Status> {
+        Ok(data.clone())
+    }
+
+    fn create_folder(&self, _bucket: &str, _folder: &str) -> Result<(), Status> {
+        Ok(())
+    }
+
+    fn delete_folder(&self, _bucket: &str, _folder: &str) -> Result<(), Status> {
+        Ok(())
+    }
+
+    fn rename_folder(&self, _bucket: &str, _from: &str, _to: &str) -> Result<(), Status> {
+        Ok(())
+    }
+
+    fn data_for(&self, _bucket: &str, _name: &str, old: &Data) -> Data {
+        old.clone()
+    }
+
+    fn save(&self, _bucket: &str, _state: &BucketState) -> Result<(), Status> {
+        Ok(())
+    }
+
+    fn stamp(&self, _data: &Data) -> Option<Stamp> {
+        None
+    }
+}

@@ -1,0 +1,776 @@
+//! The object model shared by both backends: buckets, objects, generations,
+//! metagenerations, folders, preconditions and writer ownership. The backend (memory or
+//! directory) only stores bytes and metadata; every rule of the API lives here.
+//! Touches the backend it was given and nothing else.
+
+use super::content::{Content, ContentWriter, Data, Segments, WriteState};
+use crate::proto::storage::{Object, ObjectChecksums};
+use bytes::Bytes;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+use tonic::Status;
+
+/// How a file looked on disk when last seen: (size, mtime in ns). A finalized object whose
+/// file no longer looks like this was changed behind our back: a new generation.
+pub(crate) type Stamp = (u64, i128);
+
+/// One live object: its current generation plus metadata outside the bytes.
+#[derive(Debug, Clone)]
+pub(crate) struct Entry {
+    /// The live generation.
+    pub content: Arc<Content>,
+    /// Bumped by metadata changes (a move).
+    pub metageneration: i64,
+    /// When this generation was created.
+    pub create_time: SystemTime,
+    /// How the file looked when last seen (directory backend only).
+    pub stamp: Option<Stamp>,
+}
+
+/// One bucket: objects by name and folders ("a/b/") by name.
+#[derive(Debug, Clone)]
+pub(crate) struct BucketState {
+    /// Live objects, sorted by name.
+    pub objects: BTreeMap<String, Entry>,
+    /// Folders (names end with '/'), with their creation time.
+    pub folders: BTreeMap<String, SystemTime>,
+    /// When the bucket was created (or found).
+    pub create_time: SystemTime,
+}
+
+impl BucketState {
+    /// An empty bucket.
+    pub fn new(create_time: SystemTime) -> BucketState {
+        BucketState {
+            objects: BTreeMap::new(),
+            folders: BTreeMap::new(),
+            create_time,
+        }
+    }
+}
+
+/// Where bytes and metadata are kept: memory, or a directory tree.
+pub(crate) trait Backend: Send + Sync {
+    /// Refuses object names this backend cannot hold.
+    fn check_name(&self, name: &str) -> Result<(), Status>;
+    /// Every bucket and its objects at start.
+    fn load(&self, store: &Store) -> anyhow::Result<BTreeMap<String, BucketState>>;
+    /// Brings the index of `bucket` under `prefix` in line with what is stored; returns
+    /// true when it changed something.
+    fn refresh(
+        &self,
+        store: &Store,
+        bucket: &str,
+        state: &mut BucketState,
+        prefix: &str,
+    ) -> Result<bool, Status>;
+    /// Like `refresh`, for the one object `name`.
+    fn refresh_one(
+        &self,
+        store: &Store,
+        bucket: &str,
+        state: &mut BucketState,
+        name: &str,
+    ) -> Result<bool, Status>;
+    /// Makes room for a new bucket.
+    fn create_bucket(&self, bucket: &str) -> Result<(), Status>;
+    /// Storage for a new empty generation of `name`, installed at once (replacing the old).
+    fn new_appendable(&self, bucket: &str, name: &str) -> Result<Data, Status>;
+    /// Stores complete bytes as the new generation of `name` (replacing the old).
+    fn materialize(
+        &self,
+        bucket: &str,
+        name: &str,
+        segs: Arc<RwLock<Segments>>,
+    ) -> Result<Data, Status>;
+    /// Removes the stored bytes of `name`.
+    fn remove(&self, bucket: &str, name: &str) -> Result<(), Status>;
+    /// Moves the stored bytes of `from` to `to`; returns their new place.
+    fn rename(&self, bucket: &str, from: &str, to: &str, data: &Data) -> Result<Data, Status>;
+    /// Creates a folder ("a/b/").
+    fn create_folder(&self, bucket: &str, folder: &str) -> Result<(), Status>;
+    /// Removes an empty folder.
+    fn delete_folder(&self, bucket: &str, folder: &str) -> Result<(), Status>;
+    /// Renames a folder and everything under it.
+    fn rename_folder(&self, bucket: &str, from: &str, to: &str) -> Result<(), Status>;
+    /// Where the bytes of `name` live after a folder rename.
+    fn data_for(&self, bucket: &str, name: &str, old: &Data) -> Data;
+    /// Writes the metadata of `bucket` durably.
+    fn save(&self, bucket: &str, state: &BucketState) -> Result<(), Status>;
+    /// How the stored bytes look now (size, mtime), if the backend can tell.
+    fn stamp(&self, data: &Data) -> Option<Stamp>;
+}
+
+/// Generation and metageneration preconditions of a request.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Preconditions {
+    /// The live generation must be this (0 = no live object).
+    pub if_generation_match: Option<i64>,
+    /// The live generation must not be this.
+    pub if_generation_not_match: Option<i64>,
+    /// The live metageneration must be this.
+    pub if_metageneration_match: Option<i64>,
+    /// The live metageneration must not be this.
+    pub if_metageneration_not_match: Option<i64>,
+}
+
+impl Preconditions {
+    /// Checks against the live object `(generation, metageneration)`, if any.
+    pub fn check(&self, live: Option<(i64, i64)>) -> Result<(), Status> {
+        let generation = live.map_or(0, |l| l.0);
+        if let Some(want) = self.if_generation_match {
+            if want != generation {
+                return Err(Status::failed_precondition(format!(
+                    "if_generation_match={want} failed: the live generation is {}",
+                    describe(live)
+                )));
+            }
+        }
+        if let Some(not) = self.if_generation_not_match {
+            if not == generation {
+                return Err(Status::failed_precondition(format!(
+                    "if_generation_not_match={not} failed: the live generation is {not}"
+                )));
+            }
+        }
+        if let Some(want) = self.if_metageneration_match {
+            if live.map(|l| l.1) != Some(want) {
+                return Err(Status::failed_precondition(format!(
+                    "if_metageneration_match={want} failed: the object is at {}",
+                    live.map_or("no object".to_string(), |l| format!(
+                        "metageneration {}",
+                        l.1
+                    ))
+                )));
+            }
+        }
+        if let Some(not) = self.if_metageneration_not_match {
+            if live.map(|l| l.1) == Some(not) {
+                return Err(Status::failed_precondition(format!(
+                    "if_metageneration_not_match={not} failed"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn describe(live: Option<(i64, i64)>) -> String {
+    live.map_or("none (no live object)".to_string(), |l| l.0.to_string())
+}
+
+/// The object store: every bucket's index behind one lock, the backend behind it.
+pub(crate) struct Store {
+    backend: Box<dyn Backend>,
+    buckets: Mutex<BTreeMap<String, BucketState>>,
+    last_generation: AtomicI64,
+    last_token: AtomicU64,
+}
+
+/// The wire name of a bucket.
+pub(crate) fn bucket_path(bucket: &str) -> String {
+    format!("projects/_/buckets/{bucket}")
+}
+
+/// The bucket name out of `projects/_/buckets/NAME` (or a bare name).
+pub(crate) fn parse_bucket(path: &str) -> Result<String, Status> {
+    let name = path
+        .strip_prefix("projects/_/buckets/")
+        .or_else(|| {
+            path.strip_prefix("projects/")?
+                .split_once("/buckets/")
+                .map(|x| x.1)
+        })
+        .unwrap_or(path);
+    check_bucket_name(name)?;
+    Ok(name.to_string())
+}
+
+/// Refuses bucket names that are empty, hidden or contain a separator.
+pub(crate) fn check_bucket_name(name: &str) -> Result<(), Status> {
+    if name.is_empty()
+        || name.starts_with('.')
+        || name.contains('/')
+        || name.contains('\0')
+        || name.len() > 222
+    {
+        return Err(Status::invalid_argument(format!(
+            "invalid bucket name {name:?}: expected projects/_/buckets/NAME with a plain NAME"
+        )));
+    }
+    Ok(())
+}
+
+/// Microseconds since the epoch.
+pub(crate) fn micros(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
+}
+
+/// A protobuf timestamp.
+pub(crate) fn timestamp(t: SystemTime) -> prost_types::Timestamp {
+    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    prost_types::Timestamp {
+        seconds: d.as_secs() as i64,
+        nanos: d.subsec_nanos() as i32,
+    }
+}
+
+impl Store {
+    /// A store over `backend`, loaded from it.
+    pub fn open(backend: Box<dyn Backend>) -> anyhow::Result<Arc<Store>> {
+        let store = Store {
+            backend,
+            buckets: Mutex::new(BTreeMap::new()),
+            last_generation: AtomicI64::new(0),
+            last_token: AtomicU64::new(0),
+        };
+        let loaded = store.backend.load(&store)?;
+        let max_gen = loaded
+            .values()
+            .flat_map(|b| b.objects.values().map(|e| e.content.generation))
+            .max()
+            .unwrap_or(0);
+        store.last_generation.fetch_max(max_gen, Ordering::Relaxed);
+        *store.lock() = loaded;
+        Ok(Arc::new(store))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<String, BucketState>> {
+        match self.buckets.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    /// A new generation number: the time in microseconds, strictly increasing.
+    pub fn next_generation(&self) -> i64 {
+        let now = micros(SystemTime::now());
+        let mut last = self.last_generation.load(Ordering::Relaxed);
+        loop {
+            let next = now.max(last + 1);
+            match self.last_generation.compare_exchange(
+                last,
+                next,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return next,
+                Err(actual) => last = actual,
+            }
+        }
+    }
+
+    /// A new writer token (never 0).
+    pub fn next_token(&self) -> u64 {
+        let base = self.last_token.fetch_add(1, Ordering::Relaxed) + 1;
+        base ^ (rand::random::<u64>() << 20) | 1 << 63
+    }
+
+    /// Refuses names the backend cannot hold.
+    pub fn check_name(&self, name: &str) -> Result<(), Status> {
+        if name.is_empty() {
+            return Err(Status::invalid_argument("the object name is empty"));
+        }
+        if name.len() > 1024 {
+            return Err(Status::invalid_argument(format!(
+                "the object name is {} bytes long; the limit is 1024",
+                name.len()
+            )));
+        }
+        self.backend.check_name(name)
+    }
+
+    /// Runs `f` on the bucket's state, refreshed for `prefix` (or one object) first.
+    fn with_bucket<T>(
+        &self,
+        bucket: &str,
+        refresh: Refresh<'_>,
+        f: impl FnOnce(&mut BucketState) -> Result<T, Status>,
+    ) -> Result<T, Status> {
+        let mut all = self.lock();
+        let state = all
+            .get_mut(bucket)
+            .ok_or_else(|| Status::not_found(format!("bucket {bucket:?} does not exist")))?;
+        let changed = match refresh {
+            Refresh::None => false,
+            Refresh::Prefix(p) => self.backend.refresh(self, bucket, state, p)?,
+            Refresh::One(n) => self.backend.refresh_one(self, bucket, state, n)?,
+        };
+        if changed {
+            self.backend.save(bucket, state)?;
+        }
+        f(state)
+    }
+
+    /// Runs `f` on the bucket's state and saves the metadata afterwards if `f` succeeded.
+    fn mutate<T>(
+        &self,
+        bucket: &str,
+        refresh: Refresh<'_>,
+        f: impl FnOnce(&mut BucketState) -> Result<T, Status>,
+    ) -> Result<T, Status> {
+        let mut all = self.lock();
+        let state = all
+            .get_mut(bucket)
+            .ok_or_else(|| Status::not_found(format!("bucket {bucket:?} does not exist")))?;
+        match refresh {
+            Refresh::None => false,
+            Refresh::Prefix(p) => self.backend.refresh(self, bucket, state, p)?,
+            Refresh::One(n) => self.backend.refresh_one(self, bucket, state, n)?,
+        };
+        let out = f(state)?;
+        self.backend.save(bucket, state)?;
+        Ok(out)
+    }
+
+    /// The bucket's creation time, if it exists.
+    pub fn bucket(&self, bucket: &str) -> Result<SystemTime, Status> {
+        self.with_bucket(bucket, Refresh::None, |b| Ok(b.create_time))
+    }
+
+    /// Creates a bucket (no-op if it exists).
+    pub fn create_bucket(&self, bucket: &str) -> Result<(), Status> {
+        check_bucket_name(bucket)?;
+        let mut all = self.lock();
+        if !all.contains_key(bucket) {
+            self.backend.create_bucket(bucket)?;
+            let state = BucketState::new(SystemTime::now());
+            self.backend.save(bucket, &state)?;
+            all.insert(bucket.to_string(), state);
+        }
+        Ok(())
+    }
+
+    /// The live object (generation 0) or the given generation if it is the live one.
+    pub fn get(&self, bucket: &str, name: &str, generation: i64) -> Result<Entry, Status> {
+        self.with_bucket(bucket, Refresh::One(name), |b| {
+            let e = b.objects.get(name).ok_or_else(|| not_found(bucket, name))?;
+            if generation != 0 && e.content.generation != generation {
+                return Err(Status::not_found(format!(
+                    "object {name:?} in bucket {bucket:?} has no generation {generation} (live: {})",
+                    e.content.generation
+                )));
+            }
+            Ok(e.clone())
+        })
+    }
+
+    /// A snapshot of the bucket for listing, refreshed under `prefix`.
+    pub fn snapshot_for_list<T>(
+        &self,
+        bucket: &str,
+        prefix: &str,
+        f: impl FnOnce(&BucketState) -> T,
+    ) -> Result<T, Status> {
+        self.with_bucket(bucket, Refresh::Prefix(prefix), |b| Ok(f(b)))
+    }
+
+    /// Creates a new empty appendable generation owned by a new writer.
+    pub fn create_appendable(
+        &self,
+        bucket: &str,
+        name: &str,
+        pre: Preconditions,
+    ) -> Result<(Entry, ContentWriter), Status> {
+        self.check_name(name)?;
+        self.mutate(bucket, Refresh::One(name), |b| {
+            pre.check(live(b, name))?;
+            check_not_folder(b, name)?;
+            let data = self.backend.new_appendable(bucket, name)?;
+            let now = SystemTime::now();
+            let token = self.next_token();
+            let content = Content::new(
+                self.next_generation(),
+                data,
+                WriteState::appendable(token, now),
+            );
+            let entry = Entry {
+                content: content.clone(),
+                metageneration: 1,
+                create_time: now,
+                stamp: None,
+            };
+            replace(b, name, entry.clone());
+            add_parent_folders(b, name);
+            Ok((entry, content.open_writer(token)?))
+        })
+    }
+
+    /// Stores complete bytes as a new finalized generation.
+    pub fn put(
+        &self,
+        bucket: &str,
+        name: &str,
+        segs: Segments,
+        pre: Preconditions,
+    ) -> Result<Entry, Status> {
+        self.check_name(name)?;
+        let len = segs.len();
+        let crc = segs.iter().fold(0u32, |c, s| crc32c::crc32c_append(c, s));
+        let segs = Arc::new(RwLock::new(segs));
+        self.mutate(bucket, Refresh::One(name), |b| {
+            pre.check(live(b, name))?;
+            check_not_folder(b, name)?;
+            let data = self.backend.materialize(bucket, name, segs)?;
+            let now = SystemTime::now();
+            let stamp = self.backend.stamp(&data);
+            let content = Content::new(
+                self.next_generation(),
+                data,
+                WriteState::finalized(len, Some(crc), now),
+            );
+            let entry = Entry {
+                content,
+                metageneration: 1,
+                create_time: now,
+                stamp,
+            };
+            replace(b, name, entry.clone());
+            add_parent_folders(b, name);
+            Ok(entry)
+        })
+    }
+
+    /// Takes over (no handle) or reconnects (the current handle) to an unfinalized object.
+    pub fn open_appendable(
+        &self,
+        bucket: &str,
+        name: &str,
+        generation: i64,
+        handle_token: Option<u64>,
+        pre: Preconditions,
+    ) -> Result<(Entry, ContentWriter), Status> {
+        self.check_name(name)?;
+        self.with_bucket(bucket, Refresh::One(name), |b| {
+            let e = b.objects.get(name).ok_or_else(|| not_found(bucket, name))?;
+            if e.content.generation != generation {
+                return Err(Status::not_found(format!(
+                    "object {name:?} in bucket {bucket:?} has no generation {generation} (live: {})",
+                    e.content.generation
+                )));
+            }
+            let mut st = e.content.state();
+            if st.finalized.is_some() {
+                return Err(Status::failed_precondition(format!(
+                    "object {name:?} generation {generation} is finalized; appending to it is not allowed"
+                )));
+            }
+            let token = match handle_token {
+                Some(t) if st.token == 0 || st.token == t => t,
+                Some(_) => {
+                    return Err(Status::failed_precondition(
+                        "stale write handle: another writer took over this object (takeover by a newer AppendObjectSpec)",
+                    ))
+                }
+                None => {
+                    pre.check(Some((e.content.generation, e.metageneration)))?;
+                    self.next_token()
+                }
+            };
+            st.token = token;
+            drop(st);
+            let mut writer = e.content.open_writer(token)?;
+            // Whatever an earlier stream left unsynced becomes durable before we report sizes.
+            writer.sync()?;
+            Ok((e.clone(), writer))
+        })
+    }
+
+    /// Records durable metadata after a writer synced or finalized `name`.
+    pub fn persist(&self, bucket: &str, name: &str, content: &Arc<Content>) -> Result<(), Status> {
+        self.mutate(bucket, Refresh::None, |b| {
+            if let Some(e) = b.objects.get_mut(name) {
+                if Arc::ptr_eq(&e.content, content) {
+                    e.stamp = self.backend.stamp(&content.data);
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Deletes the live object (or the given generation if it is live).
+    pub fn delete(
+        &self,
+        bucket: &str,
+        name: &str,
+        generation: i64,
+        pre: Preconditions,
+    ) -> Result<(), Status> {
+        self.mutate(bucket, Refresh::One(name), |b| {
+            let e = b.objects.get(name).ok_or_else(|| not_found(bucket, name))?;
+            if generation != 0 && e.content.generation != generation {
+                return Err(Status::not_found(format!(
+                    "object {name:?} has no generation {generation} (live: {})",
+                    e.content.generation
+                )));
+            }
+            pre.check(Some((e.content.generation, e.metageneration)))?;
+            self.backend.remove(bucket, name)?;
+            if let Some(old) = b.objects.remove(name) {
+                old.content.state().gone = true;
+            }
+            Ok(())
+        })
+    }
+
+    /// Renames one object atomically; the destination keeps the generation and bytes.
+    pub fn move_object(
+        &self,
+        bucket: &str,
+        from: &str,
+        to: &str,
+        src: Preconditions,
+        dst: Preconditions,
+    ) -> Result<Entry, Status> {
+        self.check_name(to)?;
+        self.mutate(bucket, Refresh::Prefix(""), |b| {
+            let e = b.objects.get(from).ok_or_else(|| not_found(bucket, from))?;
+            src.check(Some((e.content.generation, e.metageneration)))?;
+            dst.check(live(b, to))?;
+            check_not_folder(b, to)?;
+            if from == to {
+                return Ok(e.clone());
+            }
+            let data = self.backend.rename(bucket, from, to, &e.content.data)?;
+            let entry = relocate(b, from, data)?;
+            replace(b, to, entry.clone());
+            add_parent_folders(b, to);
+            Ok(entry)
+        })
+    }
+
+    /// Creates a folder ("a/b/"), with its parents when `recursive`.
+    pub fn create_folder(
+        &self,
+        bucket: &str,
+        folder: &str,
+        recursive: bool,
+    ) -> Result<SystemTime, Status> {
+        check_folder_name(folder)?;
+        self.check_name(folder.trim_end_matches('/'))?;
+        self.mutate(bucket, Refresh::Prefix(folder), |b| {
+            if b.folders.contains_key(folder) {
+                return Err(Status::already_exists(format!(
+                    "folder {folder:?} already exists"
+                )));
+            }
+            if b.objects.contains_key(folder.trim_end_matches('/')) {
+                return Err(Status::failed_precondition(format!(
+                    "an object named {:?} is in the way of folder {folder:?}",
+                    folder.trim_end_matches('/')
+                )));
+            }
+            if let Some(parent) = parent_folder(folder) {
+                if !recursive && !b.folders.contains_key(parent) {
+                    return Err(Status::failed_precondition(format!(
+                        "the parent folder {parent:?} does not exist (set recursive to create it)"
+                    )));
+                }
+            }
+            self.backend.create_folder(bucket, folder)?;
+            let now = SystemTime::now();
+            add_parent_folders(b, folder);
+            b.folders.insert(folder.to_string(), now);
+            Ok(now)
+        })
+    }
+
+    /// A folder's creation time.
+    pub fn get_folder(&self, bucket: &str, folder: &str) -> Result<SystemTime, Status> {
+        check_folder_name(folder)?;
+        self.with_bucket(bucket, Refresh::Prefix(folder), |b| {
+            b.folders
+                .get(folder)
+                .copied()
+                .ok_or_else(|| Status::not_found(format!("folder {folder:?} does not exist")))
+        })
+    }
+
+    /// Deletes an empty folder.
+    pub fn delete_folder(&self, bucket: &str, folder: &str) -> Result<(), Status> {
+        check_folder_name(folder)?;
+        self.mutate(bucket, Refresh::Prefix(folder), |b| {
+            if !b.folders.contains_key(folder) {
+                return Err(Status::not_found(format!(
+                    "folder {folder:?} does not exist"
+                )));
+            }
+            let busy = b
+                .objects
+                .range(folder.to_string()..)
+                .next()
+                .is_some_and(|(k, _)| k.starts_with(folder))
+                || b.folders
+                    .range(folder.to_string()..)
+                    .nth(1)
+                    .is_some_and(|(k, _)| k.starts_with(folder));
+            if busy {
+                return Err(Status::failed_precondition(format!(
+                    "folder {folder:?} is not empty"
+                )));
+            }
+            self.backend.delete_folder(bucket, folder)?;
+            b.folders.remove(folder);
+            Ok(())
+        })
+    }
+
+    /// Renames a folder with everything under it.
+    pub fn rename_folder(&self, bucket: &str, from: &str, to: &str) -> Result<SystemTime, Status> {
+        check_folder_name(from)?;
+        check_folder_name(to)?;
+        self.check_name(to.trim_end_matches('/'))?;
+        self.mutate(bucket, Refresh::Prefix(""), |b| {
+            if !b.folders.contains_key(from) {
+                return Err(Status::not_found(format!("folder {from:?} does not exist")));
+            }
+            if b.folders.contains_key(to) || b.objects.contains_key(to.trim_end_matches('/')) {
+                return Err(Status::already_exists(format!(
+                    "destination {to:?} already exists"
+                )));
+            }
+            if to.starts_with(from) {
+                return Err(Status::invalid_argument(format!(
+                    "cannot move folder {from:?} into itself"
+                )));
+            }
+            self.backend.rename_folder(bucket, from, to)?;
+            let names: Vec<String> = b
+                .objects
+                .range(from.to_string()..)
+                .take_while(|(k, _)| k.starts_with(from))
+                .map(|(k, _)| k.clone())
+                .collect();
+            for name in names {
+                let new_name = format!("{to}{}", &name[from.len()..]);
+                let data = b
+                    .objects
+                    .get(&name)
+                    .map(|e| self.backend.data_for(bucket, &new_name, &e.content.data));
+                if let Some(data) = data {
+                    let entry = relocate(b, &name, data)?;
+                    b.objects.insert(new_name, entry);
+                }
+            }
+            let folders: Vec<(String, SystemTime)> = b
+                .folders
+                .range(from.to_string()..)
+                .take_while(|(k, _)| k.starts_with(from))
+                .map(|(k, t)| (k.clone(), *t))
+                .collect();
+            for (f, t) in folders {
+                b.folders.remove(&f);
+                b.folders.insert(format!("{to}{}", &f[from.len()..]), t);
+            }
+            add_parent_folders(b, to);
+            Ok(SystemTime::now())
+        })
+    }
+}
+
+enum Refresh<'a> {
+    None,
+    Prefix(&'a str),
+    One(&'a str),
+}
+
+fn not_found(bucket: &str, name: &str) -> Status {
+    Status::not_found(format!("object {name:?} not found in bucket {bucket:?}"))
+}
+
+fn live(b: &BucketState, name: &str) -> Option<(i64, i64)> {
+    b.objects
+        .get(name)
+        .map(|e| (e.content.generation, e.metageneration))
+}
+
+fn check_not_folder(b: &BucketState, name: &str) -> Result<(), Status> {
+    if b.folders.contains_key(&format!("{name}/")) {
+        return Err(Status::failed_precondition(format!(
+            "a folder {name:?}/ is in the way of object {name:?}"
+        )));
+    }
+    Ok(())
+}
+
+fn check_folder_name(folder: &str) -> Result<(), Status> {
+    if folder.len() < 2 || !folder.ends_with('/') || folder.starts_with('/') {
+        return Err(Status::invalid_argument(format!(
+            "invalid folder {folder:?}: expected a name like \"a/b/\""
+        )));
+    }
+    Ok(())
+}
+
+/// The folder holding `name` ("a/b/c" -> "a/b/"), if any.
+fn parent_folder(name: &str) -> Option<&str> {
+    let trimmed = name.strip_suffix('/').unwrap_or(name);
+    trimmed.rfind('/').map(|i| &name[..=i])
+}
+
+/// Hierarchical namespace: writing "a/b/c" makes the folders "a/" and "a/b/".
+pub(crate) fn add_parent_folders(b: &mut BucketState, name: &str) {
+    let mut cur = name;
+    while let Some(p) = parent_folder(cur) {
+        if b.folders.contains_key(p) {
+            break;
+        }
+        b.folders.insert(p.to_string(), SystemTime::now());
+        cur = p;
+    }
+}
+
+/// Installs `entry` as the live object, retiring the generation it replaces.
+fn replace(b: &mut BucketState, name: &str, entry: Entry) {
+    if let Some(old) = b.objects.insert(name.to_string(), entry) {
+        old.content.state().gone = true;
+    }
+}
+
+/// Takes `name` out of the index and returns it rebuilt over `data` (same generation and
+/// state), its old writer fenced.
+fn relocate(b: &mut BucketState, name: &str, data: Data) -> Result<Entry, Status> {
+    let old = b
+        .objects
+        .remove(name)
+        .ok_or_else(|| Status::not_found(format!("object {name:?} vanished")))?;
+    let mut st = old.content.state();
+    let state = WriteState {
+        token: 0,
+        ..st.clone()
+    };
+    st.gone = true;
+    drop(st);
+    Ok(Entry {
+        content: Content::new(old.content.generation, data, state),
+        metageneration: old.metageneration + 1,
+        create_time: old.create_time,
+        stamp: old.stamp,
+    })
+}
+
+/// The wire form of an object.
+pub(crate) fn to_proto(bucket: &str, name: &str, e: &Entry) -> Object {
+    let st = e.content.state();
+    Object {
+        name: name.to_string(),
+        bucket: bucket_path(bucket),
+        etag: format!("{}-{}", e.content.generation, e.metageneration),
+        generation: e.content.generation,
+        metageneration: e.metageneration,
+        storage_class: "RAPID".to_string(),
+        size: st.persisted as i64,
+        finalize_time: st.finalized.map(timestamp),
+        content_type: "application/octet-stream".to_string(),
+        create_time: Some(timestamp(e.create_time)),
+        checksums: Some(ObjectChecksums {
+            crc32c: st.crc_known.then_some(st.persisted_crc),
+            md5_hash: Bytes::new(),
+        }),
+        update_time: Some(timestamp(st.update_time)),
+        ..Object::default()
+    }
+}

@@ -1,0 +1,408 @@
+//! BidiWriteObject: creating, appending to, taking over and finalizing objects. Checks
+//! each chunk's CRC32C and the whole object's on finish, enforces one writer per object
+//! (fencing by write handle), and answers only the first message, every state_lookup, and
+//! once at close or finish. Touches the store and the stream's own state.
+
+use super::content::{Content, ContentWriter, Segments, MAX_CHUNK};
+use super::stats::add;
+use super::store::{bucket_path, parse_bucket, to_proto, Entry, Preconditions};
+use super::wire::{decode_handle, encode_handle, header_routing_token, status_with_detail, Outbox};
+use super::Service;
+use crate::proto::storage::bidi_write_object_request::{Data, FirstMessage};
+use crate::proto::storage::bidi_write_object_response::WriteStatus;
+use crate::proto::storage::{
+    BidiWriteHandle, BidiWriteObjectRedirectedError, BidiWriteObjectRequest,
+    BidiWriteObjectResponse, ObjectChecksums,
+};
+use bytes::Bytes;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Code, Request, Response, Status, Streaming};
+
+/// Tag of write handles.
+const WRITE_HANDLE_TAG: &str = "wh1";
+
+/// The response stream type.
+pub(crate) type WriteStream = ReceiverStream<Result<BidiWriteObjectResponse, Status>>;
+
+/// What the first message asked for.
+enum Target {
+    /// An appendable object, created or reopened: bytes go straight to the store.
+    Append { entry: Entry, writer: ContentWriter },
+    /// A plain upload: bytes are buffered and installed as one generation on finish.
+    Upload {
+        name: String,
+        pre: Preconditions,
+        segs: Segments,
+    },
+}
+
+impl Service {
+    /// Handles one BidiWriteObject call.
+    pub(crate) async fn bidi_write(
+        &self,
+        req: Request<Streaming<BidiWriteObjectRequest>>,
+    ) -> Result<Response<WriteStream>, Status> {
+        add(&self.calls.stats.write_streams, 1);
+        let header_token = header_routing_token(req.metadata());
+        let meta = req.metadata().clone();
+        let mut incoming = req.into_inner();
+        let first = incoming
+            .message()
+            .await?
+            .ok_or_else(|| Status::invalid_argument("the stream ended before its first message"))?;
+        let (bucket, name, target) = match &first.first_message {
+            Some(FirstMessage::WriteObjectSpec(spec)) => {
+                let resource = spec.resource.as_ref().ok_or_else(|| {
+                    Status::invalid_argument("write_object_spec.resource is required")
+                })?;
+                let bucket = parse_bucket(&resource.bucket)?;
+                self.calls.begin(&meta, "bucket", &bucket_path(&bucket))?;
+                let pre = Preconditions {
+                    if_generation_match: spec.if_generation_match,
+                    if_generation_not_match: spec.if_generation_not_match,
+                    if_metageneration_match: spec.if_metageneration_match,
+                    if_metageneration_not_match: spec.if_metageneration_not_match,
+                };
+                let presented = header_token.clone();
+                if let Some(token) = self.calls.faults.redirect(presented.as_deref()) {
+                    return Err(self.redirect(token, None));
+                }
+                let target = if spec.appendable == Some(true) {
+                    let (entry, writer) =
+                        self.store.create_appendable(&bucket, &resource.name, pre)?;
+                    Target::Append { entry, writer }
+                } else {
+                    self.store.check_name(&resource.name)?;
+                    self.store.bucket(&bucket)?;
+                    let live = self.store.get(&bucket, &resource.name, 0).ok();
+                    pre.check(live.map(|e| (e.content.generation, e.metageneration)))?;
+                    Target::Upload {
+                        name: resource.name.clone(),
+                        pre,
+                        segs: Segments::default(),
+                    }
+                };
+                (bucket, resource.name.clone(), target)
+            }
+            Some(FirstMessage::AppendObjectSpec(spec)) => {
+                let bucket = parse_bucket(&spec.bucket)?;
+                self.calls.begin(&meta, "bucket", &bucket_path(&bucket))?;
+                let handle_token = match spec.write_handle.as_ref().filter(|h| !h.handle.is_empty()) {
+                    Some(h) => {
+                        let parts = decode_handle(WRITE_HANDLE_TAG, &h.handle)?;
+                        if parts.first().copied() != Some(spec.generation as u64) {
+                            return Err(Status::invalid_argument(format!(
+                                "the write handle is not for generation {}",
+                                spec.generation
+                            )));
+                        }
+                        Some(parts.get(1).copied().unwrap_or(0))
+                    }
+                    None => None,
+                };
+                let pre = Preconditions {
+                    if_metageneration_match: spec.if_metageneration_match,
+                    if_metageneration_not_match: spec.if_metageneration_not_match,
+                    ..Preconditions::default()
+                };
+                let presented = spec.routing_token.clone().or(header_token);
+                if let Some(token) = self.calls.faults.redirect(presented.as_deref()) {
+                    // A redirected takeover still takes over: the handle we hand out is the new owner's.
+                    let (_, writer) = self.store.open_appendable(
+                        &bucket,
+                        &spec.object,
+                        spec.generation,
+                        handle_token,
+                        pre,
+                    )?;
+                    return Err(self.redirect(token, Some(&writer)));
+                }
+                let (entry, writer) = self.store.open_appendable(
+                    &bucket,
+                    &spec.object,
+                    spec.generation,
+                    handle_token,
+                    pre,
+                )?;
+                (bucket, spec.object.clone(), Target::Append { entry, writer })
+            }
+            Some(FirstMessage::UploadId(_)) => {
+                return Err(Status::unimplemented(
+                    "resumable uploads by upload_id are not supported by this emulator",
+                ))
+            }
+            None => {
+                return Err(Status::invalid_argument(
+                    "the first BidiWriteObjectRequest must carry write_object_spec or append_object_spec",
+                ))
+            }
+        };
+        let faults = self.calls.faults.get();
+        let (out, stream) = Outbox::new(self.calls.faults.latency());
+        let session = Session {
+            service: self.clone(),
+            bucket,
+            name,
+            out,
+            received: 0,
+            cut: faults.cut_write_after_bytes,
+        };
+        tokio::spawn(session.run(first, target, incoming));
+        Ok(Response::new(stream))
+    }
+
+    fn redirect(&self, token: String, writer: Option<&ContentWriter>) -> Status {
+        add(&self.calls.stats.faults_injected, 1);
+        let detail = BidiWriteObjectRedirectedError {
+            routing_token: Some(token),
+            write_handle: writer.map(|w| BidiWriteHandle {
+                handle: write_handle(&w.content, w.token),
+            }),
+            generation: writer.map(|w| w.content.generation),
+        };
+        status_with_detail(
+            Code::Aborted,
+            "injected fault: redirected; reopen with the routing token (and write handle)".into(),
+            "google.storage.v2.BidiWriteObjectRedirectedError",
+            &detail,
+        )
+    }
+}
+
+fn write_handle(content: &Content, token: u64) -> Bytes {
+    encode_handle(WRITE_HANDLE_TAG, &[content.generation as u64, token])
+}
+
+/// The state of one write stream after it opened.
+struct Session {
+    service: Service,
+    bucket: String,
+    name: String,
+    out: Outbox<BidiWriteObjectResponse>,
+    received: u64,
+    cut: Option<u64>,
+}
+
+/// How a message left the stream.
+enum Next {
+    /// Keep reading.
+    More,
+    /// The object was finalized; the stream is done.
+    Finished,
+}
+
+impl Session {
+    async fn run(
+        mut self,
+        first: BidiWriteObjectRequest,
+        mut target: Target,
+        mut incoming: Streaming<BidiWriteObjectRequest>,
+    ) {
+        if let Target::Append { entry, writer } = &target {
+            let resp = BidiWriteObjectResponse {
+                write_status: Some(WriteStatus::Resource(to_proto(
+                    &self.bucket,
+                    &self.name,
+                    entry,
+                ))),
+                write_handle: Some(BidiWriteHandle {
+                    handle: write_handle(&writer.content, writer.token),
+                }),
+                persisted_data_checksums: None,
+            };
+            if !self.out.send(Ok(resp)).await {
+                self.end(&mut target);
+                return;
+            }
+        }
+        let mut msg = Some(first);
+        loop {
+            let m = match msg.take() {
+                Some(m) => m,
+                None => match incoming.message().await {
+                    Ok(Some(m)) => m,
+                    Ok(None) => break,
+                    Err(_) => {
+                        self.end(&mut target);
+                        return;
+                    }
+                },
+            };
+            match self.handle(m, &mut target).await {
+                Ok(Next::More) => {}
+                Ok(Next::Finished) => return,
+                Err(status) => {
+                    self.end(&mut target);
+                    self.out.send(Err(status)).await;
+                    return;
+                }
+            }
+        }
+        // Half-closed without finish_write: make it durable and report the size once.
+        let resp = match &mut target {
+            Target::Append { writer, .. } => match self.sync(writer) {
+                Ok(()) => Ok(persisted_response(&writer.content)),
+                Err(e) => Err(e),
+            },
+            Target::Upload { segs, .. } => Ok(size_response(segs.len(), None)),
+        };
+        self.out.send(resp).await;
+    }
+
+    /// Makes what was written durable whatever way the stream ends.
+    fn end(&mut self, target: &mut Target) {
+        if let Target::Append { writer, .. } = target {
+            if let Err(e) = self.sync(writer) {
+                tracing::warn!("sync at stream end failed: {}", e.message());
+            }
+        }
+    }
+
+    fn sync(&self, writer: &mut ContentWriter) -> Result<(), Status> {
+        if writer.sync()? {
+            self.service
+                .store
+                .persist(&self.bucket, &self.name, &writer.content)?;
+        }
+        Ok(())
+    }
+
+    async fn handle(
+        &mut self,
+        m: BidiWriteObjectRequest,
+        target: &mut Target,
+    ) -> Result<Next, Status> {
+        let stats = self.service.calls.stats.clone();
+        let data = m.data.map(|Data::ChecksummedData(d)| d);
+        if let Some(d) = &data {
+            let len = d.content.len() as u64;
+            add(&stats.bytes_received, len);
+            if let Some(cut) = self.cut {
+                if self.received + len > cut {
+                    add(&stats.faults_injected, 1);
+                    return Err(Status::unavailable(format!(
+                        "injected fault: write stream cut after {} of at most {cut} payload bytes",
+                        self.received
+                    )));
+                }
+            }
+            self.received += len;
+            if d.content.len() > MAX_CHUNK {
+                return Err(Status::invalid_argument(format!(
+                    "a chunk of {} bytes exceeds the limit of {MAX_CHUNK}",
+                    d.content.len()
+                )));
+            }
+            if let Some(crc) = d.crc32c {
+                let actual = crc32c::crc32c(&d.content);
+                if actual != crc {
+                    return Err(Status::invalid_argument(format!(
+                        "chunk crc32c mismatch at write_offset {}: the client sent {crc:#010x}, the {} bytes have {actual:#010x}",
+                        m.write_offset,
+                        d.content.len()
+                    )));
+                }
+            }
+        }
+        if m.write_offset < 0 {
+            return Err(Status::invalid_argument("write_offset is negative"));
+        }
+        let offset = m.write_offset as u64;
+        let expected_crc = m.object_checksums.as_ref().and_then(|c| c.crc32c);
+        match target {
+            Target::Append { writer, .. } => {
+                writer.check()?;
+                if let Some(d) = data {
+                    writer.append(offset, d.content)?;
+                }
+                if m.finish_write {
+                    writer.finalize(expected_crc)?;
+                    self.sync(writer)?;
+                    let entry = self.service.store.get(
+                        &self.bucket,
+                        &self.name,
+                        writer.content.generation,
+                    )?;
+                    let resp = BidiWriteObjectResponse {
+                        write_status: Some(WriteStatus::Resource(to_proto(
+                            &self.bucket,
+                            &self.name,
+                            &entry,
+                        ))),
+                        write_handle: None,
+                        persisted_data_checksums: None,
+                    };
+                    self.out.send(Ok(resp)).await;
+                    return Ok(Next::Finished);
+                }
+                if m.flush || m.state_lookup {
+                    self.sync(writer)?;
+                }
+                if m.state_lookup {
+                    let resp = persisted_response(&writer.content);
+                    self.out.send(Ok(resp)).await;
+                }
+            }
+            Target::Upload { name, pre, segs } => {
+                if let Some(d) = data {
+                    if offset > segs.len() {
+                        return Err(Status::invalid_argument(format!(
+                            "write_offset {offset} is beyond the {} bytes received",
+                            segs.len()
+                        )));
+                    }
+                    let skip = (segs.len() - offset).min(d.content.len() as u64) as usize;
+                    segs.push(d.content.slice(skip..));
+                }
+                if m.finish_write {
+                    if let Some(expected) = expected_crc {
+                        let actual = segs.iter().fold(0u32, |c, s| crc32c::crc32c_append(c, s));
+                        if actual != expected {
+                            return Err(Status::invalid_argument(format!(
+                                "object crc32c mismatch: the client sent {expected:#010x}, the {} bytes have {actual:#010x}",
+                                segs.len()
+                            )));
+                        }
+                    }
+                    let all = std::mem::take(segs);
+                    let entry = self.service.store.put(&self.bucket, name, all, *pre)?;
+                    let resp = BidiWriteObjectResponse {
+                        write_status: Some(WriteStatus::Resource(to_proto(
+                            &self.bucket,
+                            name,
+                            &entry,
+                        ))),
+                        write_handle: None,
+                        persisted_data_checksums: None,
+                    };
+                    self.out.send(Ok(resp)).await;
+                    return Ok(Next::Finished);
+                }
+                if m.state_lookup {
+                    self.out.send(Ok(size_response(segs.len(), None))).await;
+                }
+            }
+        }
+        Ok(Next::More)
+    }
+}
+
+/// The persisted size of an appendable object with the CRC32C of those bytes.
+fn persisted_response(content: &Content) -> BidiWriteObjectResponse {
+    let (size, crc) = {
+        let st = content.state();
+        (st.persisted, st.persisted_crc)
+    };
+    size_response(size, Some(crc))
+}
+
+fn size_response(size: u64, crc: Option<u32>) -> BidiWriteObjectResponse {
+    BidiWriteObjectResponse {
+        write_status: Some(WriteStatus::PersistedSize(size as i64)),
+        write_handle: None,
+        persisted_data_checksums: crc.map(|c| ObjectChecksums {
+            crc32c: Some(c),
+            md5_hash: Bytes::new(),
+        }),
+    }
+}

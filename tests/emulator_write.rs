@@ -1,0 +1,293 @@
+//! Raw gRPC tests of BidiWriteObject on the memory backend: appendable life cycle, response
+//! rules, takeover fencing, checksums and preconditions.
+
+mod emulator_support;
+
+use bytes::Bytes;
+use emulator_support::*;
+use rapidfs::proto::storage::bidi_write_object_request::FirstMessage;
+use rapidfs::proto::storage::{BidiWriteObjectRequest, GetObjectRequest, Object, WriteObjectSpec};
+use std::time::Duration;
+use tonic::Code;
+
+/// The stream's next item, failing if it takes long (no reply expected = timeout).
+async fn next(
+    s: &mut WriteSession,
+) -> Option<Result<rapidfs::proto::storage::BidiWriteObjectResponse, tonic::Status>> {
+    match tokio::time::timeout(Duration::from_secs(5), s.rx.message()).await {
+        Ok(r) => r.transpose(),
+        Err(_) => panic!("no response within 5 s"),
+    }
+}
+
+async fn expect_error(s: &mut WriteSession) -> tonic::Status {
+    loop {
+        match next(s).await {
+            Some(Ok(_)) => continue,
+            Some(Err(e)) => return e,
+            None => panic!("stream ended without an error"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn appendable_life_cycle_with_takeover_and_finalize() {
+    let emu = memory().await;
+    let mut c = client(&emu).await;
+    let mut w = open_write(&mut c, "b", create_msg("b", "log", Some(0)), true)
+        .await
+        .unwrap();
+    let (obj, handle1) = resource_of(w.first.as_ref().unwrap());
+    assert_eq!(obj.size, 0);
+    assert!(obj.finalize_time.is_none());
+    let g = obj.generation;
+    let data = pattern(5 << 20, 3);
+    let mut off = 0;
+    for chunk in data[..3 << 20].chunks(1 << 20) {
+        w.tx.send(data_msg(off, Bytes::copy_from_slice(chunk)))
+            .await
+            .unwrap();
+        off += chunk.len() as u64;
+    }
+    // A bare flush gets no reply; a state_lookup does.
+    w.tx.send(BidiWriteObjectRequest {
+        write_offset: off as i64,
+        flush: true,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    w.tx.send(lookup_msg(off)).await.unwrap();
+    let r = next(&mut w).await.unwrap().unwrap();
+    assert_eq!(persisted_of(&r), 3 << 20);
+    assert_eq!(
+        r.persisted_data_checksums.unwrap().crc32c,
+        Some(crc32c::crc32c(&data[..3 << 20]))
+    );
+    // Readable while unfinalized, up to the persisted size.
+    assert_eq!(read_all(&mut c, "b", "log").await, data[..3 << 20]);
+    // Half-close: exactly one response, then the end.
+    w.half_close();
+    let r = next(&mut w).await.unwrap().unwrap();
+    assert_eq!(persisted_of(&r), 3 << 20);
+    assert!(next(&mut w).await.is_none());
+
+    // Take over by generation (no handle): fences the old handle.
+    let mut w2 = open_write(&mut c, "b", append_msg("b", "log", g, None, 3 << 20), true)
+        .await
+        .unwrap();
+    let (obj2, handle2) = resource_of(w2.first.as_ref().unwrap());
+    assert_eq!(obj2.size, 3 << 20);
+    assert_eq!(obj2.generation, g);
+    assert_ne!(handle1, handle2);
+    let stale = open_write(
+        &mut c,
+        "b",
+        append_msg("b", "log", g, Some(handle1), 3 << 20),
+        true,
+    )
+    .await;
+    let e = stale.err().expect("a stale handle is refused");
+    assert_eq!(e.code(), Code::FailedPrecondition);
+    assert!(e.message().contains("took over"), "{}", e.message());
+    // Overlapping resend below the size is skipped.
+    w2.tx
+        .send(data_msg(
+            (3 << 20) - 10,
+            data.slice((3 << 20) - 10..4 << 20),
+        ))
+        .await
+        .unwrap();
+    w2.tx
+        .send(data_msg(4 << 20, data.slice(4 << 20..)))
+        .await
+        .unwrap();
+    w2.tx
+        .send(finish_msg(5 << 20, crc32c::crc32c(&data)))
+        .await
+        .unwrap();
+    let r = next(&mut w2).await.unwrap().unwrap();
+    let (fin, _) = match &r.write_status {
+        Some(rapidfs::proto::storage::bidi_write_object_response::WriteStatus::Resource(o)) => {
+            (o.clone(), ())
+        }
+        other => panic!("expected resource, got {other:?}"),
+    };
+    assert_eq!(fin.size, 5 << 20);
+    assert!(fin.finalize_time.is_some());
+    assert_eq!(fin.checksums.unwrap().crc32c, Some(crc32c::crc32c(&data)));
+    w2.half_close();
+    assert!(next(&mut w2).await.is_none());
+    assert_eq!(read_all(&mut c, "b", "log").await, data[..]);
+    // Appending to a finalized object.
+    let e = open_write(&mut c, "b", append_msg("b", "log", g, None, 5 << 20), true)
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(e.code(), Code::FailedPrecondition);
+    let st = emu.stats();
+    assert_eq!(st.bytes_received, (5 << 20) + 10);
+    assert_eq!(st.missing_routing_header, 0);
+}
+
+#[tokio::test]
+async fn a_fenced_writer_fails_on_its_next_message() {
+    let emu = memory().await;
+    let mut c = client(&emu).await;
+    let mut w1 = open_write(&mut c, "b", create_msg("b", "x", None), true)
+        .await
+        .unwrap();
+    let g = resource_of(w1.first.as_ref().unwrap()).0.generation;
+    w1.tx
+        .send(data_msg(0, Bytes::from_static(b"abc")))
+        .await
+        .unwrap();
+    w1.tx.send(lookup_msg(3)).await.unwrap();
+    assert_eq!(persisted_of(&next(&mut w1).await.unwrap().unwrap()), 3);
+    let _w2 = open_write(&mut c, "b", append_msg("b", "x", g, None, 3), true)
+        .await
+        .unwrap();
+    w1.tx
+        .send(data_msg(3, Bytes::from_static(b"def")))
+        .await
+        .unwrap();
+    let e = expect_error(&mut w1).await;
+    assert_eq!(e.code(), Code::FailedPrecondition);
+    assert!(e.message().contains("took over"));
+    assert_eq!(read_all(&mut c, "b", "x").await, b"abc");
+}
+
+#[tokio::test]
+async fn a_reconnect_with_the_current_handle_does_not_fence() {
+    let emu = memory().await;
+    let mut c = client(&emu).await;
+    let mut w1 = open_write(&mut c, "b", create_msg("b", "x", None), true)
+        .await
+        .unwrap();
+    let (obj, h) = resource_of(w1.first.as_ref().unwrap());
+    w1.tx
+        .send(data_msg(0, Bytes::from_static(b"abc")))
+        .await
+        .unwrap();
+    w1.tx.send(lookup_msg(3)).await.unwrap();
+    next(&mut w1).await.unwrap().unwrap();
+    let mut w2 = open_write(
+        &mut c,
+        "b",
+        append_msg("b", "x", obj.generation, Some(h.clone()), 3),
+        true,
+    )
+    .await
+    .unwrap();
+    assert_eq!(resource_of(w2.first.as_ref().unwrap()).1, h);
+    w1.tx
+        .send(data_msg(3, Bytes::from_static(b"d")))
+        .await
+        .unwrap();
+    w1.tx.send(lookup_msg(4)).await.unwrap();
+    assert_eq!(persisted_of(&next(&mut w1).await.unwrap().unwrap()), 4);
+    w2.tx
+        .send(data_msg(4, Bytes::from_static(b"e")))
+        .await
+        .unwrap();
+    w2.tx.send(lookup_msg(5)).await.unwrap();
+    assert_eq!(persisted_of(&next(&mut w2).await.unwrap().unwrap()), 5);
+}
+
+#[tokio::test]
+async fn write_errors_have_real_statuses() {
+    let emu = memory().await;
+    emu.put_object("b", "exists", Bytes::from_static(b"e"))
+        .unwrap();
+    let mut c = client(&emu).await;
+    // create-only on an existing object
+    let e = open_write(&mut c, "b", create_msg("b", "exists", Some(0)), true)
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(e.code(), Code::FailedPrecondition);
+    // bad chunk checksum
+    let mut w = open_write(&mut c, "b", create_msg("b", "x", None), true)
+        .await
+        .unwrap();
+    let mut m = data_msg(0, Bytes::from_static(b"hello"));
+    if let Some(rapidfs::proto::storage::bidi_write_object_request::Data::ChecksummedData(d)) =
+        &mut m.data
+    {
+        d.crc32c = Some(1);
+    }
+    w.tx.send(m).await.unwrap();
+    assert_eq!(expect_error(&mut w).await.code(), Code::InvalidArgument);
+    // bad whole-object checksum
+    let mut w = open_write(&mut c, "b", create_msg("b", "y", None), true)
+        .await
+        .unwrap();
+    w.tx.send(data_msg(0, Bytes::from_static(b"hello")))
+        .await
+        .unwrap();
+    w.tx.send(finish_msg(5, 12345)).await.unwrap();
+    assert_eq!(expect_error(&mut w).await.code(), Code::InvalidArgument);
+    // a gap in the offsets
+    let mut w = open_write(&mut c, "b", create_msg("b", "z", None), true)
+        .await
+        .unwrap();
+    w.tx.send(data_msg(10, Bytes::from_static(b"hello")))
+        .await
+        .unwrap();
+    assert_eq!(expect_error(&mut w).await.code(), Code::InvalidArgument);
+    // a wrong generation, a missing bucket, no first-message spec
+    let e = open_write(&mut c, "b", append_msg("b", "z", 1, None, 0), true)
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(e.code(), Code::NotFound);
+    let e = open_write(&mut c, "nb", create_msg("nb", "z", None), true)
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(e.code(), Code::NotFound);
+    let e = open_write(&mut c, "b", BidiWriteObjectRequest::default(), true)
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(e.code(), Code::InvalidArgument);
+}
+
+#[tokio::test]
+async fn plain_upload_installs_on_finish() {
+    let emu = memory().await;
+    let mut c = client(&emu).await;
+    let first = BidiWriteObjectRequest {
+        first_message: Some(FirstMessage::WriteObjectSpec(WriteObjectSpec {
+            resource: Some(Object {
+                name: "plain".into(),
+                bucket: bpath("b"),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })),
+        ..Default::default()
+    };
+    let mut w = open_write(&mut c, "b", first, false).await.unwrap();
+    let data = pattern(3 << 20, 9);
+    w.tx.send(data_msg(0, data.slice(..2 << 20))).await.unwrap();
+    w.tx.send(data_msg(2 << 20, data.slice(2 << 20..)))
+        .await
+        .unwrap();
+    let get = GetObjectRequest {
+        bucket: bpath("b"),
+        object: "plain".into(),
+        ..Default::default()
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let e = c.get_object(routed("b", get.clone())).await.unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "not visible before finish");
+    w.tx.send(finish_msg(3 << 20, crc32c::crc32c(&data)))
+        .await
+        .unwrap();
+    let r = next(&mut w).await.unwrap().unwrap();
+    assert_eq!(persisted_of(&r), 3 << 20);
+    let o = c.get_object(routed("b", get)).await.unwrap().into_inner();
+    assert!(o.finalize_time.is_some());
+    assert_eq!(read_all(&mut c, "b", "plain").await, data[..]);
+}
