@@ -103,6 +103,18 @@ pub struct FsConfig {
     pub only_dir: Option<String>,
     /// Mount read-only.
     pub read_only: bool,
+    /// How long a fetched object's metadata (size, generation) is trusted before it is fetched again, in milliseconds.
+    pub stat_ttl_ms: u64,
+    /// How long a name found missing stays missing before it is looked up again, in milliseconds.
+    pub negative_ttl_ms: u64,
+    /// How long a directory listing is reused (for readdir and lookups in it), in milliseconds.
+    pub list_ttl_ms: u64,
+    /// How long the kernel may trust a name -> inode answer without asking again, in milliseconds.
+    pub kernel_entry_ttl_ms: u64,
+    /// How long the kernel may trust an inode's attributes without asking again, in milliseconds.
+    pub kernel_attr_ttl_ms: u64,
+    /// Deadline for connecting and checking the bucket when mounting, in milliseconds.
+    pub mount_timeout_ms: u64,
 }
 
 impl Default for FsConfig {
@@ -115,6 +127,12 @@ impl Default for FsConfig {
             allow_other: false,
             only_dir: None,
             read_only: false,
+            stat_ttl_ms: 60_000,
+            negative_ttl_ms: 5_000,
+            list_ttl_ms: 60_000,
+            kernel_entry_ttl_ms: 60_000,
+            kernel_attr_ttl_ms: 60_000,
+            mount_timeout_ms: 10_000,
         }
     }
 }
@@ -127,6 +145,20 @@ pub struct ReadConfig {
     pub readahead_initial_kb: u64,
     /// Largest read-ahead window, in KiB.
     pub readahead_max_kb: u64,
+    /// Unit of the block cache and of sequential fetches, in KiB.
+    pub block_kb: u64,
+    /// Objects up to this size are fetched whole, in one range, at their first read, in KiB.
+    pub small_object_kb: u64,
+    /// Most BidiReadObject streams one object may use at once (more streams for larger objects).
+    pub max_streams_per_object: usize,
+    /// Object size that earns one more stream in an object's pool, in MiB.
+    pub stream_per_mb: u64,
+    /// How long an object's streams stay open after its last handle closed, in milliseconds.
+    pub stream_idle_ms: u64,
+    /// Most objects whose streams are kept open at once (the warm pool bound).
+    pub max_warm_objects: u64,
+    /// The mount's kernel read-ahead (`/sys/class/bdi/*/read_ahead_kb`), set after mounting, in KiB; 0 leaves the kernel default.
+    pub kernel_read_ahead_kb: u64,
 }
 
 impl Default for ReadConfig {
@@ -134,6 +166,13 @@ impl Default for ReadConfig {
         Self {
             readahead_initial_kb: 1024,
             readahead_max_kb: 64 * 1024,
+            block_kb: 1024,
+            small_object_kb: 1024,
+            max_streams_per_object: 4,
+            stream_per_mb: 128,
+            stream_idle_ms: 30_000,
+            max_warm_objects: 1024,
+            kernel_read_ahead_kb: 16 * 1024,
         }
     }
 }

@@ -1,1 +1,560 @@
 //! The only module that knows fuser: decode kernel requests, call `fs`, reply.
+//!
+//! Every request that may touch the network is handed to a tokio task and answered from
+//! there, so no request waits behind another's round trip. No filesystem logic lives here:
+//! only type conversions, the init negotiation and the mount options.
+
+use crate::fs::{Attr, Errno as FsErrno, Fs, Kind};
+use fuser::{
+    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
+    INodeNo, InitFlags, KernelConfig, LockOwner, MountOption, OpenAccMode, OpenFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use std::ffi::OsStr;
+use std::path::Path;
+use std::time::SystemTime;
+use tokio::runtime::Handle;
+
+/// Largest read and write request negotiated with the kernel.
+const MAX_IO: u32 = 1024 * 1024;
+/// Requests the kernel may keep outstanding in the background (read-ahead among them).
+const MAX_BACKGROUND: u16 = 16;
+
+/// The fuser adapter: the filesystem plus the runtime its requests run on.
+struct FuseAdapter {
+    fs: Fs,
+    rt: Handle,
+}
+
+/// Mount options for the kernel: always `default_permissions` (the kernel checks modes),
+/// plus read-only, `allow_other` and the user's `-o` list.
+pub struct MountSettings {
+    /// Shown as the filesystem source in `mount` and `df`.
+    pub fsname: String,
+    /// Mount with the kernel's read-only flag.
+    pub read_only: bool,
+    /// Let other users in (FUSE `allow_other`).
+    pub allow_other: bool,
+    /// Extra options, as given to `-o` (comma-separated, already split).
+    pub extra: Vec<String>,
+}
+
+/// The fuser configuration for `settings`.
+fn mount_config(settings: &MountSettings) -> fuser::Config {
+    let mut opts = vec![
+        MountOption::FSName(settings.fsname.clone()),
+        MountOption::Subtype("rapidfs".to_string()),
+        MountOption::DefaultPermissions,
+        MountOption::NoDev,
+        MountOption::NoSuid,
+        MountOption::NoAtime,
+    ];
+    let mut allow_other = settings.allow_other;
+    let mut read_only = settings.read_only;
+    for o in &settings.extra {
+        match o.as_str() {
+            "" | "default_permissions" | "nodev" | "nosuid" | "noatime" | "rw" => {}
+            "allow_other" => allow_other = true,
+            "ro" => read_only = true,
+            "auto_unmount" => opts.push(MountOption::AutoUnmount),
+            "exec" => opts.push(MountOption::Exec),
+            "noexec" => opts.push(MountOption::NoExec),
+            other => opts.push(MountOption::CUSTOM(other.to_string())),
+        }
+    }
+    opts.push(if read_only {
+        MountOption::RO
+    } else {
+        MountOption::RW
+    });
+    let mut cfg = fuser::Config::default();
+    cfg.mount_options = opts;
+    if allow_other {
+        cfg.acl = fuser::SessionACL::All;
+    }
+    cfg
+}
+
+/// A live mount served by its own thread; unmounted when dropped.
+pub struct Mounted {
+    unmounter: fuser::SessionUnmounter,
+    thread: Option<std::thread::JoinHandle<std::io::Result<()>>>,
+    ended: Option<tokio::sync::oneshot::Receiver<()>>,
+}
+
+impl Mounted {
+    /// Mounts `fs` on `mountpoint` and starts serving it, each request as a task on `rt`.
+    /// Returns once the kernel handshake is done: the mount is live.
+    pub fn start(
+        fs: Fs,
+        rt: Handle,
+        mountpoint: &Path,
+        settings: &MountSettings,
+    ) -> std::io::Result<Mounted> {
+        let adapter = FuseAdapter { fs, rt };
+        let mut session = fuser::Session::new(adapter, mountpoint, &mount_config(settings))?;
+        let unmounter = session.unmount_callable();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let thread = std::thread::Builder::new()
+            .name("fuse".to_string())
+            .spawn(move || {
+                let r = session.run();
+                let _ = tx.send(());
+                r
+            })?;
+        Ok(Mounted {
+            unmounter,
+            thread: Some(thread),
+            ended: Some(rx),
+        })
+    }
+
+    /// Resolves when the session ends (unmounted from outside, e.g. `fusermount3 -u`).
+    /// Only the first call gets a live receiver.
+    pub fn ended(&mut self) -> tokio::sync::oneshot::Receiver<()> {
+        self.ended
+            .take()
+            .unwrap_or_else(|| tokio::sync::oneshot::channel().1)
+    }
+
+    /// Unmounts (if still mounted) and waits for the serving thread to finish.
+    pub fn unmount(mut self) -> std::io::Result<()> {
+        self.finish()
+    }
+
+    fn finish(&mut self) -> std::io::Result<()> {
+        let unmounted = self.unmounter.unmount();
+        let joined = match self.thread.take().map(|t| t.join()) {
+            Some(Ok(r)) => r,
+            Some(Err(_)) => Err(std::io::Error::other("the FUSE thread panicked")),
+            None => Ok(()),
+        };
+        unmounted.and(joined)
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if let Err(e) = self.finish() {
+            tracing::warn!(error = %e, "unmount failed");
+        }
+    }
+}
+
+fn errno(e: FsErrno) -> Errno {
+    Errno::from_i32(e.0)
+}
+
+fn file_type(kind: Kind) -> FileType {
+    match kind {
+        Kind::File => FileType::RegularFile,
+        Kind::Dir => FileType::Directory,
+    }
+}
+
+fn file_attr(a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(a.ino),
+        size: a.size,
+        blocks: a.size.div_ceil(512),
+        atime: a.mtime,
+        mtime: a.mtime,
+        ctime: a.mtime,
+        crtime: a.crtime,
+        kind: file_type(a.kind),
+        perm: a.perm,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: 0,
+        blksize: a.blksize,
+        flags: 0,
+    }
+}
+
+/// Object names are UTF-8: a name that is not cannot exist in the bucket.
+fn utf8(name: &OsStr) -> Option<String> {
+    name.to_str().map(str::to_string)
+}
+
+impl Filesystem for FuseAdapter {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        for cap in [
+            InitFlags::FUSE_ASYNC_READ,
+            InitFlags::FUSE_DO_READDIRPLUS,
+            InitFlags::FUSE_PARALLEL_DIROPS,
+            InitFlags::FUSE_MAX_PAGES,
+        ] {
+            if let Err(missing) = config.add_capabilities(cap) {
+                tracing::debug!(?missing, "kernel lacks a FUSE capability");
+            }
+        }
+        if let Err(max) = config.set_max_write(MAX_IO) {
+            let _ = config.set_max_write(max);
+        }
+        if let Err(max) = config.set_max_readahead(MAX_IO) {
+            let _ = config.set_max_readahead(max);
+        }
+        let _ = config.set_max_background(MAX_BACKGROUND);
+        let _ = config.set_congestion_threshold(MAX_BACKGROUND * 3 / 4);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let Some(name) = utf8(name) else {
+            return reply.error(Errno::ENOENT);
+        };
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.lookup(parent.0, &name).await {
+                Ok(e) => reply.entry_with_ttls(
+                    &e.attr_ttl,
+                    &e.entry_ttl,
+                    &file_attr(&e.attr),
+                    Generation(0),
+                ),
+                Err(e) => reply.error(errno(e)),
+            }
+        });
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.fs.forget(ino.0, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.getattr(ino.0).await {
+                Ok(a) => reply.attr(&fs.attr_ttl(), &file_attr(&a)),
+                Err(e) => reply.error(errno(e)),
+            }
+        });
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _mode: Option<u32>,
+        _uid: Option<u32>,
+        _gid: Option<u32>,
+        _size: Option<u64>,
+        _atime: Option<TimeOrNow>,
+        _mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn mknod(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn mkdir(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn unlink(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn rmdir(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn symlink(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _link_name: &OsStr,
+        _target: &Path,
+        reply: ReplyEntry,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        _flags: fuser::RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let write = flags.acc_mode() != OpenAccMode::O_RDONLY
+            || flags.0 & (libc::O_TRUNC | libc::O_APPEND) != 0;
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.open(ino.0, write).await {
+                Ok(o) => {
+                    let flags = if o.keep_cache {
+                        FopenFlags::FOPEN_KEEP_CACHE
+                    } else {
+                        FopenFlags::empty()
+                    };
+                    reply.opened(FileHandle(o.fh), flags)
+                }
+                Err(e) => reply.error(errno(e)),
+            }
+        });
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.read(fh.0, offset, size).await {
+                Ok(data) => reply.data(&data),
+                Err(e) => reply.error(errno(e)),
+            }
+        });
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: u64,
+        _data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.fs.release(fh.0);
+        reply.ok();
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.fs.opendir(ino.0) {
+            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.readdir(fh.0, offset).await {
+                Ok(items) => {
+                    for it in items {
+                        if reply.add(INodeNo(it.ino), it.offset, file_type(it.kind), &it.name) {
+                            break;
+                        }
+                    }
+                    reply.ok()
+                }
+                Err(e) => reply.error(errno(e)),
+            }
+        });
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            let listed = fs
+                .readdirplus(fh.0, offset, |it, e| {
+                    reply.add(
+                        INodeNo(it.ino),
+                        it.offset,
+                        &it.name,
+                        &e.entry_ttl,
+                        &file_attr(&e.attr),
+                        Generation(0),
+                    )
+                })
+                .await;
+            match listed {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(e)),
+            }
+        });
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.fs.releasedir(fh.0);
+        reply.ok();
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let s = self.fs.statfs();
+        reply.statfs(
+            s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
+        );
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _value: &[u8],
+        _flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::ENOTSUP);
+    }
+
+    fn getxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _size: u32,
+        reply: ReplyXattr,
+    ) {
+        reply.error(Errno::NO_XATTR);
+    }
+
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: ReplyXattr) {
+        if size == 0 {
+            reply.size(0);
+        } else {
+            reply.data(&[]);
+        }
+    }
+
+    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::NO_XATTR);
+    }
+
+    fn access(&self, _req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        match self.fs.access(ino.0, mask.contains(AccessFlags::W_OK)) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn create(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+}

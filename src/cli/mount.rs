@@ -1,8 +1,21 @@
 //! `rapidfs mount BUCKET MOUNTPOINT`: mount a bucket and serve it until unmounted.
+//!
+//! Order matters: flags and the config file are checked first (bad input fails before
+//! anything happens), then, unless `--foreground`, the process forks BEFORE any thread or
+//! runtime exists; the child connects, checks the bucket, mounts, and reports readiness (or
+//! one line of failure) to the waiting parent through a pipe. SIGINT and SIGTERM unmount.
 
-use crate::config::LogFormat;
+use crate::config::{Config, LogFormat};
+use crate::emulator::{Emulator, EmulatorOptions, Faults};
+use crate::fs::Fs;
+use crate::fuse::{MountSettings, Mounted};
+use crate::gcs::{self, Client};
+use anyhow::{anyhow, bail, Context};
 use clap::Args;
-use std::path::PathBuf;
+use std::io::{BufRead, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// Flags of `rapidfs mount`.
 #[derive(Debug, Args)]
@@ -14,6 +27,59 @@ pub struct MountArgs {
     /// TOML configuration file; flags override it.
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// Storage API endpoint (default https://storage.googleapis.com; http://HOST:PORT for an emulator).
+    #[arg(long)]
+    pub endpoint: Option<String>,
+    /// Serve directory DIR with the built-in emulator (the bucket is its subdirectory BUCKET) and mount that.
+    #[arg(long, value_name = "DIR")]
+    pub emulator: Option<PathBuf>,
+    /// Stay in the foreground (logs on stderr) instead of returning once mounted.
+    #[arg(long, short = 'f')]
+    pub foreground: bool,
+    /// Mount with the kernel's read-only flag.
+    #[arg(long)]
+    pub read_only: bool,
+    /// Mount only this prefix (directory) of the bucket.
+    #[arg(long, value_name = "PREFIX")]
+    pub only_dir: Option<String>,
+    /// Mount options, comma-separated (allow_other, ro, auto_unmount, ...); may be repeated.
+    #[arg(short = 'o', value_name = "OPTIONS")]
+    pub options: Vec<String>,
+    /// Let other users see the files (needs user_allow_other in /etc/fuse.conf when not root).
+    #[arg(long)]
+    pub allow_other: bool,
+    /// Owner of every file and directory (default: the mounting user).
+    #[arg(long)]
+    pub uid: Option<u32>,
+    /// Group of every file and directory (default: the mounting user's group).
+    #[arg(long)]
+    pub gid: Option<u32>,
+    /// Permission bits of files, octal (default 644).
+    #[arg(long, value_parser = parse_mode)]
+    pub file_mode: Option<u32>,
+    /// Permission bits of directories, octal (default 755).
+    #[arg(long, value_parser = parse_mode)]
+    pub dir_mode: Option<u32>,
+    /// Memory budget in MiB for cache and read-ahead together.
+    #[arg(long)]
+    pub memory_mb: Option<u64>,
+    /// Trust metadata (stat, listings, kernel entry and attribute caches) this long, in ms.
+    #[arg(long)]
+    pub metadata_ttl_ms: Option<u64>,
+    /// Kernel read-ahead of the mount in KiB (0 keeps the kernel default).
+    #[arg(long)]
+    pub read_ahead_kb: Option<u64>,
+    /// Where the background daemon writes its log (default: nowhere).
+    #[arg(long)]
+    pub log_file: Option<PathBuf>,
+}
+
+fn parse_mode(s: &str) -> Result<u32, String> {
+    let digits = s.strip_prefix("0o").unwrap_or(s);
+    match u32::from_str_radix(digits, 8) {
+        Ok(m) if m <= 0o7777 => Ok(m),
+        _ => Err(format!("'{s}' is not an octal mode like 644")),
+    }
 }
 
 /// Mounts and serves until unmounted or signalled.
@@ -22,6 +88,301 @@ pub fn run(
     log_level: Option<String>,
     log_format: Option<LogFormat>,
 ) -> anyhow::Result<()> {
-    let _ = (log_level, log_format);
-    anyhow::bail!("mount of {} is not built yet", args.bucket)
+    let cfg = config(&args)?;
+    let mountpoint = check_mountpoint(&args.mountpoint)?;
+    if let Some(dir) = &args.emulator {
+        let bucket_dir = dir.join(&args.bucket);
+        if !bucket_dir.is_dir() {
+            bail!(
+                "bucket '{}' not found: {} is not a directory",
+                args.bucket,
+                bucket_dir.display()
+            );
+        }
+    }
+    super::init_logging(
+        log_level.as_deref().unwrap_or(&cfg.log.level),
+        log_format.unwrap_or(cfg.log.format),
+    );
+    if args.foreground {
+        return serve(&args, cfg, &mountpoint, &mut Ready::Foreground);
+    }
+    daemonize(&args, cfg, &mountpoint)
+}
+
+/// The config file, overridden by the flags.
+fn config(args: &MountArgs) -> anyhow::Result<Config> {
+    let mut cfg = Config::load_or_default(args.config.as_deref())?;
+    if let Some(e) = &args.endpoint {
+        cfg.gcs.endpoint = e.clone();
+    }
+    let fs = &mut cfg.fs;
+    fs.read_only |= args.read_only;
+    fs.allow_other |= args.allow_other;
+    if args.only_dir.is_some() {
+        fs.only_dir = args.only_dir.clone();
+    }
+    fs.uid = args.uid.or(fs.uid);
+    fs.gid = args.gid.or(fs.gid);
+    fs.file_mode = args.file_mode.unwrap_or(fs.file_mode);
+    fs.dir_mode = args.dir_mode.unwrap_or(fs.dir_mode);
+    if let Some(ttl) = args.metadata_ttl_ms {
+        fs.stat_ttl_ms = ttl;
+        fs.list_ttl_ms = ttl;
+        fs.kernel_entry_ttl_ms = ttl;
+        fs.kernel_attr_ttl_ms = ttl;
+        fs.negative_ttl_ms = fs.negative_ttl_ms.min(ttl);
+    }
+    if let Some(mb) = args.memory_mb {
+        cfg.cache.memory_mb = mb;
+    }
+    if let Some(kb) = args.read_ahead_kb {
+        cfg.read.kernel_read_ahead_kb = kb;
+    }
+    Ok(cfg)
+}
+
+/// The mountpoint must be an existing, empty directory.
+fn check_mountpoint(path: &Path) -> anyhow::Result<PathBuf> {
+    let abs = path
+        .canonicalize()
+        .map_err(|e| anyhow!("mountpoint {}: {e}", path.display()))?;
+    if !abs.is_dir() {
+        bail!("mountpoint {} is not a directory", path.display());
+    }
+    let mut entries =
+        std::fs::read_dir(&abs).map_err(|e| anyhow!("mountpoint {}: {e}", path.display()))?;
+    if entries.next().is_some() {
+        bail!("mountpoint {} is not empty", path.display());
+    }
+    Ok(abs)
+}
+
+/// How the serving process tells whoever started it that the mount is live or failed.
+enum Ready {
+    /// Nobody waits: errors are returned.
+    Foreground,
+    /// The parent waits on this pipe for one line: `ok` or `error: ...`.
+    Pipe(std::fs::File),
+    /// The verdict was sent.
+    Sent,
+}
+
+impl Ready {
+    /// Sends the one line of verdict (once) and closes the pipe.
+    fn send(&mut self, line: &str) {
+        if let Ready::Pipe(mut f) = std::mem::replace(self, Ready::Sent) {
+            let _ = f.write_all(format!("{line}\n").as_bytes());
+        }
+    }
+}
+
+/// Forks: the parent waits for the child's verdict and exits with it; the child serves.
+fn daemonize(args: &MountArgs, cfg: Config, mountpoint: &Path) -> anyhow::Result<()> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two descriptors into the array we own.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        bail!("cannot create a pipe: {}", std::io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors were just created and are owned by nothing else.
+    let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // SAFETY: no thread has been started yet (no runtime exists), so the child is a faithful
+    // single-threaded copy.
+    match unsafe { libc::fork() } {
+        -1 => bail!("cannot fork: {}", std::io::Error::last_os_error()),
+        0 => {
+            drop(rd);
+            // SAFETY: setsid has no memory effects; it detaches us from the terminal.
+            unsafe { libc::setsid() };
+            // The parent prints the one line of verdict; the daemon's log goes elsewhere.
+            detach_stdio(args.log_file.as_deref());
+            let mut ready = Ready::Pipe(std::fs::File::from(wr));
+            let code = match serve(args, cfg, mountpoint, &mut ready) {
+                Ok(()) => 0,
+                Err(e) => {
+                    ready.send(&format!("error: {}", super::one_line(&e)));
+                    1
+                }
+            };
+            std::process::exit(code);
+        }
+        _child => {
+            drop(wr);
+            let mut verdict = String::new();
+            std::io::BufReader::new(std::fs::File::from(rd))
+                .read_line(&mut verdict)
+                .context("reading the daemon's verdict")?;
+            match verdict.trim_end() {
+                "ok" => Ok(()),
+                "" => bail!("the daemon exited before the mount was ready"),
+                line => bail!("{}", line.strip_prefix("error: ").unwrap_or(line)),
+            }
+        }
+    }
+}
+
+/// Connects, checks the bucket, mounts, reports readiness, then serves until unmounted
+/// (externally, or by SIGINT/SIGTERM).
+fn serve(
+    args: &MountArgs,
+    mut cfg: Config,
+    mountpoint: &Path,
+    ready: &mut Ready,
+) -> anyhow::Result<()> {
+    tune_allocator();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("rapidfs")
+        .build()
+        .context("starting the runtime")?;
+    let emulator = match &args.emulator {
+        Some(dir) => Some(rt.block_on(start_emulator(dir))?),
+        None => None,
+    };
+    if let Some(emu) = &emulator {
+        cfg.gcs.endpoint = emu.endpoint();
+    }
+    let fs = rt.block_on(connect(&args.bucket, &cfg))?;
+    let (mut sigint, mut sigterm) = {
+        let _guard = rt.enter();
+        use tokio::signal::unix::{signal, SignalKind};
+        (
+            signal(SignalKind::interrupt()).context("installing SIGINT handler")?,
+            signal(SignalKind::terminate()).context("installing SIGTERM handler")?,
+        )
+    };
+    let settings = MountSettings {
+        fsname: format!("rapidfs:{}", args.bucket),
+        read_only: cfg.fs.read_only,
+        allow_other: cfg.fs.allow_other,
+        extra: args
+            .options
+            .iter()
+            .flat_map(|o| o.split(','))
+            .map(|s| s.trim().to_string())
+            .collect(),
+    };
+    let mut mounted = Mounted::start(fs, rt.handle().clone(), mountpoint, &settings)
+        .map_err(|e| anyhow!("cannot mount on {}: {e}", mountpoint.display()))?;
+    let ended = mounted.ended();
+    set_read_ahead(mountpoint, cfg.read.kernel_read_ahead_kb);
+    tracing::info!(bucket = %args.bucket, mountpoint = %mountpoint.display(), endpoint = %cfg.gcs.endpoint, "mounted");
+    ready.send("ok");
+    let signalled = rt.block_on(async {
+        tokio::select! {
+            _ = sigint.recv() => true,
+            _ = sigterm.recv() => true,
+            _ = ended => false,
+        }
+    });
+    if signalled {
+        tracing::info!("signal received: unmounting");
+    }
+    if let Err(e) = mounted.unmount() {
+        tracing::warn!(error = %e, "unmount ended with an error");
+    }
+    if let Some(emu) = emulator {
+        rt.block_on(emu.shutdown());
+    }
+    tracing::info!("unmounted");
+    Ok(())
+}
+
+/// Keeps the daemon's resident memory close to what it holds: few malloc arenas (less
+/// fragmentation across threads), and large buffers (blocks, messages) in their own mappings
+/// so freeing them returns the memory at once; glibc would otherwise raise that threshold
+/// after the first free and keep freed megabytes in its heaps.
+fn tune_allocator() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes allocator parameters; called before any thread exists.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 2);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 1024 * 1024);
+    }
+}
+
+/// The in-process emulator over `dir` on a free loopback port.
+async fn start_emulator(dir: &Path) -> anyhow::Result<Emulator> {
+    // The emulator's directory backend is not built yet: serve a memory copy of DIR (the
+    // mount is read-only for now, so nothing is lost).
+    let opts = EmulatorOptions {
+        root: Some(dir.to_path_buf()),
+        memory: true,
+        zone: "us-central1-a".to_string(),
+        faults: Faults::default(),
+    };
+    let listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    Emulator::start(opts, listen)
+        .await
+        .map_err(|e| anyhow!("cannot start the emulator over {}: {e:#}", dir.display()))
+}
+
+/// Connects and checks that the bucket answers, within `fs.mount_timeout_ms`.
+async fn connect(bucket: &str, cfg: &Config) -> anyhow::Result<Fs> {
+    let endpoint = &cfg.gcs.endpoint;
+    let deadline = Duration::from_millis(cfg.fs.mount_timeout_ms);
+    let attempt = async {
+        let client = Client::connect(&cfg.gcs).await?;
+        let fs = Fs::new(client, bucket, cfg);
+        fs.check_bucket().await?;
+        Ok::<Fs, gcs::Error>(fs)
+    };
+    match tokio::time::timeout(deadline, attempt).await {
+        Ok(Ok(fs)) => Ok(fs),
+        Ok(Err(gcs::Error::NotFound(_))) => bail!("bucket '{bucket}' not found at {endpoint}"),
+        Ok(Err(e)) => bail!("cannot use bucket '{bucket}' at {endpoint}: {e}"),
+        Err(_) => bail!(
+            "cannot reach {endpoint}: no answer within {} ms",
+            deadline.as_millis()
+        ),
+    }
+}
+
+/// Sets the kernel read-ahead of the mount's backing device (`/sys/class/bdi/MAJ:MIN`).
+/// Needs root; a failure only costs speed, so it is logged, not fatal.
+fn set_read_ahead(mountpoint: &Path, kb: u64) {
+    use std::os::unix::fs::MetadataExt;
+    if kb == 0 {
+        return;
+    }
+    let dev = match std::fs::metadata(mountpoint) {
+        Ok(m) => m.dev(),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot stat the mountpoint to tune read-ahead");
+            return;
+        }
+    };
+    let path = format!(
+        "/sys/class/bdi/{}:{}/read_ahead_kb",
+        libc::major(dev),
+        libc::minor(dev)
+    );
+    match std::fs::write(&path, format!("{kb}\n")) {
+        Ok(()) => tracing::debug!(path, kb, "kernel read-ahead set"),
+        Err(e) => tracing::warn!(path, error = %e, "cannot set kernel read-ahead"),
+    }
+}
+
+/// The daemon no longer writes to the terminal of whoever started it: stdin and stdout go to
+/// /dev/null, stderr (the log) to `log_file` or /dev/null.
+fn detach_stdio(log_file: Option<&Path>) {
+    let null = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null");
+    let log = match log_file {
+        Some(p) => std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(p),
+        None => std::fs::OpenOptions::new().write(true).open("/dev/null"),
+    };
+    if let (Ok(null), Ok(log)) = (null, log) {
+        // SAFETY: dup2 onto the standard descriptors; the sources stay valid for the call.
+        unsafe {
+            libc::dup2(null.as_raw_fd(), 0);
+            libc::dup2(null.as_raw_fd(), 1);
+            libc::dup2(log.as_raw_fd(), 2);
+        }
+    }
 }

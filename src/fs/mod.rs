@@ -1,2 +1,575 @@
 //! Filesystem semantics over `gcs`: inodes, directories, readers with read-ahead, errors to
-//! errno. Never names fuser.
+//! errno. Never names fuser: `fuse.rs` translates kernel requests into calls on [`Fs`] and its
+//! answers back.
+//!
+//! Metadata caches, each with its TTL from `[fs]`: file metadata on the inode (`stat_ttl_ms`),
+//! whole directory listings (`list_ttl_ms`, also answering lookups in a listed directory), and
+//! names found missing (`negative_ttl_ms`). The kernel's own entry and attribute caches get
+//! `kernel_entry_ttl_ms` and `kernel_attr_ttl_ms`.
+
+mod dir;
+mod error;
+mod inode;
+mod names;
+mod pool;
+mod read;
+mod seq;
+
+pub use error::{Errno, FsResult};
+pub use inode::{Kind, ROOT_INO};
+
+use crate::config::Config;
+use crate::gcs::{self, Client};
+use bytes::Bytes;
+use dir::{list_dir, list_request, Listing, ShadowWarnings};
+use inode::{Inode, InodeTable, ObjMeta};
+use read::{Handle, ReadPath};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+/// Size of a block as reported to `stat` (and the I/O size tools pick from it).
+const BLKSIZE: u32 = 1024 * 1024;
+/// Block size, size and free space reported to `statfs` (for `df`): a bucket has no fixed size.
+const STATFS_BSIZE: u32 = 4096;
+const STATFS_BLOCKS: u64 = (1 << 50) / STATFS_BSIZE as u64;
+const STATFS_FILES: u64 = 1 << 32;
+
+/// The attributes of one inode, in filesystem terms.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Attr {
+    /// Inode number.
+    pub ino: u64,
+    /// File or directory.
+    pub kind: Kind,
+    /// Size in bytes.
+    pub size: u64,
+    /// Permission bits.
+    pub perm: u16,
+    /// Link count.
+    pub nlink: u32,
+    /// Owner.
+    pub uid: u32,
+    /// Group.
+    pub gid: u32,
+    /// Modification (and access and change) time.
+    pub mtime: SystemTime,
+    /// Creation time.
+    pub crtime: SystemTime,
+    /// Preferred I/O size.
+    pub blksize: u32,
+}
+
+/// A looked-up name: its attributes and how long the kernel may keep them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Entry {
+    /// The inode's attributes.
+    pub attr: Attr,
+    /// How long the kernel may trust the name -> inode answer.
+    pub entry_ttl: Duration,
+    /// How long the kernel may trust the attributes.
+    pub attr_ttl: Duration,
+}
+
+/// An opened file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Opened {
+    /// The file handle number.
+    pub fh: u64,
+    /// The kernel's page cache of this file still holds the bytes of this version.
+    pub keep_cache: bool,
+}
+
+/// One entry of a directory read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DirItem {
+    /// Inode number.
+    pub ino: u64,
+    /// Offset of the next entry (what the kernel passes back to continue).
+    pub offset: u64,
+    /// File or directory.
+    pub kind: Kind,
+    /// The name.
+    pub name: String,
+}
+
+/// Filesystem-wide figures for `statfs`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatFs {
+    /// Total blocks.
+    pub blocks: u64,
+    /// Free blocks.
+    pub bfree: u64,
+    /// Blocks available to unprivileged users.
+    pub bavail: u64,
+    /// Total inodes.
+    pub files: u64,
+    /// Free inodes.
+    pub ffree: u64,
+    /// Block size.
+    pub bsize: u32,
+    /// Longest name.
+    pub namelen: u32,
+    /// Fragment size.
+    pub frsize: u32,
+}
+
+/// The mounted filesystem; cheap to clone (requests run concurrently on clones).
+#[derive(Clone)]
+pub struct Fs {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    bucket: String,
+    uid: u32,
+    gid: u32,
+    file_mode: u16,
+    dir_mode: u16,
+    mounted_at: SystemTime,
+    stat_ttl: Duration,
+    entry_ttl: Duration,
+    attr_ttl: Duration,
+    inodes: InodeTable,
+    listings: Option<moka::sync::Cache<u64, Arc<Listing>>>,
+    negative: Option<moka::sync::Cache<(u64, String), ()>>,
+    warnings: ShadowWarnings,
+    reads: ReadPath,
+    files: Mutex<HashMap<u64, Arc<Handle>>>,
+    dirs: Mutex<HashMap<u64, DirHandle>>,
+    next_fh: AtomicU64,
+}
+
+/// An open directory: the listing it reads, taken at the first read from offset 0.
+struct DirHandle {
+    ino: u64,
+    listing: Option<Arc<Listing>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A poisoned lock only means another request panicked mid-update of plain data.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A TTL cache, or none when the TTL is zero (nothing is cached).
+fn ttl_cache<K, V>(ttl: Duration, capacity: u64) -> Option<moka::sync::Cache<K, V>>
+where
+    K: std::hash::Hash + Eq + Send + Sync + 'static,
+    V: Clone + Send + Sync + 'static,
+{
+    (!ttl.is_zero()).then(|| {
+        moka::sync::Cache::builder()
+            .max_capacity(capacity)
+            .time_to_live(ttl)
+            .build()
+    })
+}
+
+impl Fs {
+    /// A filesystem over `bucket`, rooted at `fs.only_dir` when set.
+    pub fn new(client: Client, bucket: &str, cfg: &Config) -> Fs {
+        let ms = Duration::from_millis;
+        let fs = &cfg.fs;
+        let root = names::dir_prefix(fs.only_dir.as_deref());
+        // SAFETY: getuid and getgid cannot fail and touch no memory.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        Fs {
+            inner: Arc::new(Inner {
+                reads: ReadPath::new(client.clone(), bucket, &cfg.read, &cfg.cache),
+                client,
+                bucket: bucket.to_string(),
+                uid: fs.uid.unwrap_or(uid),
+                gid: fs.gid.unwrap_or(gid),
+                file_mode: (fs.file_mode & 0o7777) as u16,
+                dir_mode: (fs.dir_mode & 0o7777) as u16,
+                mounted_at: SystemTime::now(),
+                stat_ttl: ms(fs.stat_ttl_ms),
+                entry_ttl: ms(fs.kernel_entry_ttl_ms),
+                attr_ttl: ms(fs.kernel_attr_ttl_ms),
+                inodes: InodeTable::new(root),
+                listings: ttl_cache(ms(fs.list_ttl_ms), 4096),
+                negative: ttl_cache(ms(fs.negative_ttl_ms), 100_000),
+                warnings: ShadowWarnings::default(),
+                files: Mutex::new(HashMap::new()),
+                dirs: Mutex::new(HashMap::new()),
+                next_fh: AtomicU64::new(1),
+            }),
+        }
+    }
+
+    /// Checks that the bucket exists and answers: one listing call of the root, one entry.
+    pub async fn check_bucket(&self) -> gcs::Result<()> {
+        let root = self.root();
+        self.inner
+            .client
+            .list_page(&self.inner.bucket, &list_request(&root.key, 1))
+            .await
+            .map(|_| ())
+    }
+
+    fn root(&self) -> Arc<Inode> {
+        // The root is created with the table and never forgotten.
+        self.inner
+            .inodes
+            .get(ROOT_INO)
+            .unwrap_or_else(|| unreachable!("the root inode is never removed"))
+    }
+
+    fn inode(&self, ino: u64) -> FsResult<Arc<Inode>> {
+        self.inner.inodes.get(ino).ok_or(Errno::ENOENT)
+    }
+
+    fn dir_inode(&self, ino: u64) -> FsResult<Arc<Inode>> {
+        let inode = self.inode(ino)?;
+        if inode.kind != Kind::Dir {
+            return Err(Errno::ENOTDIR);
+        }
+        Ok(inode)
+    }
+
+    fn attr_of(&self, inode: &Inode, meta: Option<ObjMeta>) -> Attr {
+        let i = &self.inner;
+        match (inode.kind, meta) {
+            (Kind::File, Some(m)) => Attr {
+                ino: inode.ino,
+                kind: Kind::File,
+                size: m.size,
+                perm: i.file_mode,
+                nlink: 1,
+                uid: i.uid,
+                gid: i.gid,
+                mtime: m.mtime,
+                crtime: m.crtime,
+                blksize: BLKSIZE,
+            },
+            (kind, _) => Attr {
+                ino: inode.ino,
+                kind,
+                size: 0,
+                perm: if kind == Kind::Dir {
+                    i.dir_mode
+                } else {
+                    i.file_mode
+                },
+                nlink: if kind == Kind::Dir { 2 } else { 1 },
+                uid: i.uid,
+                gid: i.gid,
+                mtime: i.mounted_at,
+                crtime: i.mounted_at,
+                blksize: BLKSIZE,
+            },
+        }
+    }
+
+    fn entry(&self, inode: &Inode) -> Entry {
+        Entry {
+            attr: self.attr_of(inode, inode.meta().0),
+            entry_ttl: self.inner.entry_ttl,
+            attr_ttl: self.inner.attr_ttl,
+        }
+    }
+
+    /// How long the kernel may trust attributes (for `getattr` replies).
+    pub fn attr_ttl(&self) -> Duration {
+        self.inner.attr_ttl
+    }
+
+    /// Resolves `name` in directory `parent`, counting one kernel lookup on the result.
+    pub async fn lookup(&self, parent: u64, name: &str) -> FsResult<Entry> {
+        let dir = self.dir_inode(parent)?;
+        if name.len() > names::NAME_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        if !names::is_visible(name) {
+            return Err(Errno::ENOENT);
+        }
+        let i = &self.inner;
+        if let Some(listing) = i.listings.as_ref().and_then(|c| c.get(&parent)) {
+            let found = listing.find(name).ok_or(Errno::ENOENT)?;
+            let inode = match found.kind {
+                Kind::Dir => i
+                    .inodes
+                    .lookup(&names::dir_key(&dir.key, name), Kind::Dir, None),
+                Kind::File => {
+                    i.inodes
+                        .lookup(&names::file_key(&dir.key, name), Kind::File, found.meta)
+                }
+            };
+            return Ok(self.entry(&inode));
+        }
+        let neg_key = (parent, name.to_string());
+        if i.negative
+            .as_ref()
+            .is_some_and(|c| c.contains_key(&neg_key))
+        {
+            return Err(Errno::ENOENT);
+        }
+        let fkey = names::file_key(&dir.key, name);
+        let dkey = names::dir_key(&dir.key, name);
+        let sub_req = list_request(&dkey, 1);
+        let (obj, sub) = tokio::join!(
+            i.client.get_object(&i.bucket, &fkey),
+            i.client.list_page(&i.bucket, &sub_req)
+        );
+        match (obj, sub) {
+            (obj, Ok(page)) if !page.objects.is_empty() || !page.prefixes.is_empty() => {
+                if obj.is_ok() {
+                    i.warnings.warn(&fkey);
+                }
+                let inode = i.inodes.lookup(&dkey, Kind::Dir, None);
+                Ok(self.entry(&inode))
+            }
+            (Ok(meta), _) => {
+                let inode = i
+                    .inodes
+                    .lookup(&fkey, Kind::File, Some(ObjMeta::from(&meta)));
+                Ok(self.entry(&inode))
+            }
+            (Err(gcs::Error::NotFound(_)), Ok(_) | Err(gcs::Error::NotFound(_))) => {
+                if let Some(c) = &i.negative {
+                    c.insert(neg_key, ());
+                }
+                Err(Errno::ENOENT)
+            }
+            (Err(gcs::Error::NotFound(_)), Err(e)) | (Err(e), _) => {
+                Err(error::log_err("lookup", &fkey, &e))
+            }
+        }
+    }
+
+    /// The kernel dropped `n` lookups of `ino`.
+    pub fn forget(&self, ino: u64, n: u64) {
+        self.inner.inodes.forget(ino, n);
+    }
+
+    /// Current metadata of a file, fetched again once older than the stat TTL.
+    async fn fresh_meta(&self, inode: &Inode) -> FsResult<ObjMeta> {
+        if let (Some(m), Some(at)) = inode.meta() {
+            if at.elapsed() < self.inner.stat_ttl {
+                return Ok(m);
+            }
+        }
+        let i = &self.inner;
+        let meta = i
+            .client
+            .get_object(&i.bucket, &inode.key)
+            .await
+            .map_err(|e| error::log_err("stat", &inode.key, &e))?;
+        Ok(inode.refresh(ObjMeta::from(&meta)))
+    }
+
+    /// Attributes of `ino`.
+    pub async fn getattr(&self, ino: u64) -> FsResult<Attr> {
+        let inode = self.inode(ino)?;
+        let meta = match inode.kind {
+            Kind::File => Some(self.fresh_meta(&inode).await?),
+            Kind::Dir => None,
+        };
+        Ok(self.attr_of(&inode, meta))
+    }
+
+    /// Opens a file for reading (writing is refused: the mount is read-only for now).
+    pub async fn open(&self, ino: u64, write: bool) -> FsResult<Opened> {
+        if write {
+            return Err(Errno::EROFS);
+        }
+        let inode = self.inode(ino)?;
+        if inode.kind == Kind::Dir {
+            return Err(Errno::EISDIR);
+        }
+        let meta = self.fresh_meta(&inode).await?;
+        let keep_cache = inode.note_open(meta.identity());
+        let handle = self.inner.reads.open(&inode.key, &meta);
+        let fh = self.inner.next_fh.fetch_add(1, Ordering::Relaxed);
+        lock(&self.inner.files).insert(fh, Arc::new(handle));
+        Ok(Opened { fh, keep_cache })
+    }
+
+    /// Reads up to `size` bytes at `offset` of open file `fh`, from the version it opened.
+    pub async fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Bytes> {
+        let handle = lock(&self.inner.files)
+            .get(&fh)
+            .cloned()
+            .ok_or(Errno::EBADF)?;
+        match self
+            .inner
+            .reads
+            .read(&handle, offset, u64::from(size))
+            .await
+        {
+            // The version this handle opened is gone: stale, not missing.
+            Err(Errno::ENOENT) => Err(Errno::ESTALE),
+            other => other,
+        }
+    }
+
+    /// Closes file handle `fh`; its streams stay warm a while.
+    pub fn release(&self, fh: u64) {
+        if let Some(h) = lock(&self.inner.files).remove(&fh) {
+            self.inner.reads.release(&h);
+        }
+    }
+
+    /// Opens directory `ino` for reading.
+    pub fn opendir(&self, ino: u64) -> FsResult<u64> {
+        self.dir_inode(ino)?;
+        let fh = self.inner.next_fh.fetch_add(1, Ordering::Relaxed);
+        lock(&self.inner.dirs).insert(fh, DirHandle { ino, listing: None });
+        Ok(fh)
+    }
+
+    /// Closes directory handle `fh`.
+    pub fn releasedir(&self, fh: u64) {
+        lock(&self.inner.dirs).remove(&fh);
+    }
+
+    /// The listing of directory `ino`: the cached one while fresh, else listed again.
+    async fn listing(&self, ino: u64) -> FsResult<Arc<Listing>> {
+        let i = &self.inner;
+        if let Some(l) = i.listings.as_ref().and_then(|c| c.get(&ino)) {
+            return Ok(l);
+        }
+        let dir = self.dir_inode(ino)?;
+        let listing = list_dir(&i.client, &i.bucket, &dir.key, &i.warnings)
+            .await
+            .map(Arc::new)
+            .map_err(|e| error::log_err("list", &dir.key, &e))?;
+        if let Some(c) = &i.listings {
+            c.insert(ino, listing.clone());
+        }
+        Ok(listing)
+    }
+
+    /// The listing directory handle `fh` reads: taken at offset 0, kept for later offsets.
+    async fn dir_listing(&self, fh: u64, offset: u64) -> FsResult<(u64, Arc<Listing>)> {
+        let (ino, kept) = {
+            let dirs = lock(&self.inner.dirs);
+            let d = dirs.get(&fh).ok_or(Errno::EBADF)?;
+            (d.ino, d.listing.clone())
+        };
+        if let (Some(l), true) = (kept, offset > 0) {
+            return Ok((ino, l));
+        }
+        let listing = self.listing(ino).await?;
+        if let Some(d) = lock(&self.inner.dirs).get_mut(&fh) {
+            d.listing = Some(listing.clone());
+        }
+        Ok((ino, listing))
+    }
+
+    /// Entries of directory handle `fh` after `offset`: `.`, `..`, then the listing.
+    pub async fn readdir(&self, fh: u64, offset: u64) -> FsResult<Vec<DirItem>> {
+        let (ino, listing) = self.dir_listing(fh, offset).await?;
+        let dir = self.dir_inode(ino)?;
+        let mut out = Vec::new();
+        for (n, name) in [".", ".."].into_iter().enumerate() {
+            if offset <= n as u64 {
+                out.push(DirItem {
+                    ino,
+                    offset: n as u64 + 1,
+                    kind: Kind::Dir,
+                    name: name.to_string(),
+                });
+            }
+        }
+        let skip = offset.saturating_sub(2) as usize;
+        for (n, e) in listing.entries.iter().enumerate().skip(skip) {
+            let key = match e.kind {
+                Kind::Dir => names::dir_key(&dir.key, &e.name),
+                Kind::File => names::file_key(&dir.key, &e.name),
+            };
+            out.push(DirItem {
+                ino: self.inner.inodes.peek_ino(&key, e.kind),
+                offset: n as u64 + 3,
+                kind: e.kind,
+                name: e.name.clone(),
+            });
+        }
+        Ok(out)
+    }
+
+    /// Entries with attributes of directory handle `fh` after `offset`, handed to `add` until
+    /// it reports its buffer full (returns true); each entry it accepts counts one lookup.
+    pub async fn readdirplus(
+        &self,
+        fh: u64,
+        offset: u64,
+        mut add: impl FnMut(&DirItem, &Entry) -> bool,
+    ) -> FsResult<()> {
+        let (ino, listing) = self.dir_listing(fh, offset).await?;
+        let dir = self.dir_inode(ino)?;
+        for (n, name) in [".", ".."].into_iter().enumerate() {
+            if offset <= n as u64 {
+                let item = DirItem {
+                    ino,
+                    offset: n as u64 + 1,
+                    kind: Kind::Dir,
+                    name: name.to_string(),
+                };
+                // The kernel takes no lookup on `.` and `..`.
+                if add(&item, &self.entry(&dir)) {
+                    return Ok(());
+                }
+            }
+        }
+        let skip = offset.saturating_sub(2) as usize;
+        for (n, e) in listing.entries.iter().enumerate().skip(skip) {
+            let inode = match e.kind {
+                Kind::Dir => {
+                    self.inner
+                        .inodes
+                        .lookup(&names::dir_key(&dir.key, &e.name), Kind::Dir, None)
+                }
+                Kind::File => self.inner.inodes.lookup(
+                    &names::file_key(&dir.key, &e.name),
+                    Kind::File,
+                    e.meta,
+                ),
+            };
+            let item = DirItem {
+                ino: inode.ino,
+                offset: n as u64 + 3,
+                kind: e.kind,
+                name: e.name.clone(),
+            };
+            if add(&item, &self.entry(&inode)) {
+                self.inner.inodes.forget(inode.ino, 1);
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    /// Figures for `df`: a bucket has no fixed size, so a large constant, all free.
+    pub fn statfs(&self) -> StatFs {
+        StatFs {
+            blocks: STATFS_BLOCKS,
+            bfree: STATFS_BLOCKS,
+            bavail: STATFS_BLOCKS,
+            files: STATFS_FILES,
+            ffree: STATFS_FILES,
+            bsize: STATFS_BSIZE,
+            namelen: names::NAME_MAX as u32,
+            frsize: STATFS_BSIZE,
+        }
+    }
+
+    /// `access(2)`: existence, and no writing (the mount is read-only for now).
+    pub fn access(&self, ino: u64, want_write: bool) -> FsResult<()> {
+        self.inode(ino)?;
+        if want_write {
+            return Err(Errno::EROFS);
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for Fs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fs")
+            .field("bucket", &self.inner.bucket)
+            .finish_non_exhaustive()
+    }
+}

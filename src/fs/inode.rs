@@ -1,0 +1,304 @@
+//! The inode table: one inode number per object key (files) or prefix (directories), with the
+//! kernel's lookup count, and each file's last known (generation, size) identity.
+//!
+//! Keys of directories end in `/` and keys of files do not, so a file `a` and a directory `a/`
+//! never share an inode. A file inode is pinned to one generation: when a lookup finds a newer
+//! generation, the key gets a new inode, so the kernel's page cache of the old inode (still
+//! used by handles opened before) never mixes bytes of two versions; appends (same generation,
+//! larger size) keep the inode. An inode lives while the kernel holds lookups on it; `forget`
+//! drops it when the count reaches zero. The root is never forgotten.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Instant, SystemTime};
+
+/// Inode number of the mount's root directory.
+pub const ROOT_INO: u64 = 1;
+
+/// File or directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A regular file backed by one object.
+    File,
+    /// A directory: a prefix ending in `/`, explicit (a folder or marker object) or implicit.
+    Dir,
+}
+
+/// What a file's object looked like when last fetched: its identity and times.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ObjMeta {
+    /// Object generation; a replaced object gets a new one.
+    pub generation: i64,
+    /// Object size in bytes (appends grow it without changing the generation).
+    pub size: u64,
+    /// Last update time of the object.
+    pub mtime: SystemTime,
+    /// Creation time of this generation.
+    pub crtime: SystemTime,
+}
+
+impl ObjMeta {
+    /// (generation, size): what tells two versions of an object apart.
+    pub fn identity(&self) -> (i64, u64) {
+        (self.generation, self.size)
+    }
+}
+
+impl From<&crate::gcs::ObjectMeta> for ObjMeta {
+    fn from(m: &crate::gcs::ObjectMeta) -> Self {
+        ObjMeta {
+            generation: m.generation,
+            size: m.size,
+            mtime: m.update_time,
+            crtime: m.create_time,
+        }
+    }
+}
+
+/// One inode: fixed key and kind, changing state.
+#[derive(Debug)]
+pub struct Inode {
+    /// Inode number given to the kernel.
+    pub ino: u64,
+    /// Object key (file) or prefix ending in `/` (directory; empty for the bucket root).
+    pub key: String,
+    /// File or directory.
+    pub kind: Kind,
+    state: Mutex<InodeState>,
+}
+
+#[derive(Debug)]
+struct InodeState {
+    lookups: u64,
+    meta: Option<ObjMeta>,
+    checked: Option<Instant>,
+    page_cache_identity: Option<(i64, u64)>,
+}
+
+impl Inode {
+    fn state(&self) -> MutexGuard<'_, InodeState> {
+        // A poisoned lock only means another request panicked mid-update of plain data.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The last fetched metadata and when it was fetched.
+    pub fn meta(&self) -> (Option<ObjMeta>, Option<Instant>) {
+        let s = self.state();
+        (s.meta, s.checked)
+    }
+
+    /// Records freshly fetched metadata of the inode's generation and returns what the inode
+    /// now holds: a newer generation belongs to a new inode (see `InodeTable::lookup`), so it
+    /// only restarts the TTL here.
+    pub fn refresh(&self, meta: ObjMeta) -> ObjMeta {
+        let mut s = self.state();
+        s.checked = Some(Instant::now());
+        match s.meta {
+            Some(old) if old.generation != meta.generation => old,
+            _ => {
+                s.meta = Some(meta);
+                meta
+            }
+        }
+    }
+
+    /// Records the identity a new open will read and says whether the kernel's page cache,
+    /// filled under the previous open, still holds the same bytes (FOPEN_KEEP_CACHE).
+    pub fn note_open(&self, identity: (i64, u64)) -> bool {
+        let mut s = self.state();
+        let keep = s.page_cache_identity == Some(identity);
+        s.page_cache_identity = Some(identity);
+        keep
+    }
+}
+
+/// All inodes the kernel knows, by number and by key.
+#[derive(Debug)]
+pub struct InodeTable {
+    tables: Mutex<Tables>,
+}
+
+#[derive(Debug)]
+struct Tables {
+    by_ino: HashMap<u64, Arc<Inode>>,
+    by_key: HashMap<(String, bool), u64>,
+    next_ino: u64,
+}
+
+impl InodeTable {
+    /// A table holding only the root, whose key is `root_key` (empty or ending in `/`).
+    pub fn new(root_key: String) -> Self {
+        let root = Arc::new(Inode {
+            ino: ROOT_INO,
+            key: root_key.clone(),
+            kind: Kind::Dir,
+            state: Mutex::new(InodeState {
+                lookups: 1,
+                meta: None,
+                checked: None,
+                page_cache_identity: None,
+            }),
+        });
+        let mut by_ino = HashMap::new();
+        by_ino.insert(ROOT_INO, root);
+        let mut by_key = HashMap::new();
+        by_key.insert((root_key, true), ROOT_INO);
+        InodeTable {
+            tables: Mutex::new(Tables {
+                by_ino,
+                by_key,
+                next_ino: ROOT_INO + 1,
+            }),
+        }
+    }
+
+    fn tables(&self) -> MutexGuard<'_, Tables> {
+        self.tables.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The inode with this number, if the kernel still holds it.
+    pub fn get(&self, ino: u64) -> Option<Arc<Inode>> {
+        self.tables().by_ino.get(&ino).cloned()
+    }
+
+    /// A stable number for `key` without taking a lookup (for plain readdir entries): the
+    /// inode's number when it exists, else a hash outside the range of allocated numbers.
+    pub fn peek_ino(&self, key: &str, kind: Kind) -> u64 {
+        let t = self.tables();
+        if let Some(ino) = t.by_key.get(&(key.to_string(), kind == Kind::Dir)) {
+            return *ino;
+        }
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        key.hash(&mut h);
+        h.finish() | (1 << 63)
+    }
+
+    /// Finds or creates the inode of `key` and counts one kernel lookup on it; `meta`, when
+    /// given, refreshes a file's metadata, and a newer generation than the inode's gets a new
+    /// inode.
+    pub fn lookup(&self, key: &str, kind: Kind, meta: Option<ObjMeta>) -> Arc<Inode> {
+        let mut t = self.tables();
+        let map_key = (key.to_string(), kind == Kind::Dir);
+        let existing = t
+            .by_key
+            .get(&map_key)
+            .and_then(|ino| t.by_ino.get(ino))
+            .filter(|inode| match (inode.meta().0, meta) {
+                (Some(old), Some(new)) => new.generation <= old.generation,
+                _ => true,
+            });
+        let inode = match existing {
+            Some(inode) => inode.clone(),
+            None => {
+                let ino = t.next_ino;
+                t.next_ino += 1;
+                let inode = Arc::new(Inode {
+                    ino,
+                    key: key.to_string(),
+                    kind,
+                    state: Mutex::new(InodeState {
+                        lookups: 0,
+                        meta: None,
+                        checked: None,
+                        page_cache_identity: None,
+                    }),
+                });
+                t.by_ino.insert(ino, inode.clone());
+                t.by_key.insert(map_key, ino);
+                inode
+            }
+        };
+        inode.state().lookups += 1;
+        if let Some(m) = meta {
+            inode.refresh(m);
+        }
+        inode
+    }
+
+    /// The kernel dropped `n` lookups on `ino`; the inode goes when none are left.
+    pub fn forget(&self, ino: u64, n: u64) {
+        if ino == ROOT_INO {
+            return;
+        }
+        let mut t = self.tables();
+        let Some(inode) = t.by_ino.get(&ino).cloned() else {
+            return;
+        };
+        let gone = {
+            let mut s = inode.state();
+            s.lookups = s.lookups.saturating_sub(n);
+            s.lookups == 0
+        };
+        if gone {
+            t.by_ino.remove(&ino);
+            let map_key = (inode.key.clone(), inode.kind == Kind::Dir);
+            if t.by_key.get(&map_key) == Some(&ino) {
+                t.by_key.remove(&map_key);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lookups_are_counted_and_forgotten() {
+        let t = InodeTable::new(String::new());
+        let a = t.lookup("a", Kind::File, None);
+        let a2 = t.lookup("a", Kind::File, None);
+        assert_eq!(a.ino, a2.ino);
+        let d = t.lookup("a/", Kind::Dir, None);
+        assert_ne!(a.ino, d.ino, "file a and directory a/ are different inodes");
+        t.forget(a.ino, 1);
+        assert!(t.get(a.ino).is_some());
+        t.forget(a.ino, 1);
+        assert!(t.get(a.ino).is_none());
+        t.forget(ROOT_INO, 5);
+        assert!(t.get(ROOT_INO).is_some());
+    }
+
+    fn meta(generation: i64, size: u64) -> ObjMeta {
+        ObjMeta {
+            generation,
+            size,
+            mtime: SystemTime::UNIX_EPOCH,
+            crtime: SystemTime::UNIX_EPOCH,
+        }
+    }
+
+    #[test]
+    fn a_new_generation_is_a_new_inode_and_appends_are_not() {
+        let t = InodeTable::new(String::new());
+        let v1 = t.lookup("f", Kind::File, Some(meta(1, 10)));
+        let grown = t.lookup("f", Kind::File, Some(meta(1, 20)));
+        assert_eq!(v1.ino, grown.ino);
+        assert_eq!(v1.meta().0.map(|m| m.size), Some(20));
+        let v2 = t.lookup("f", Kind::File, Some(meta(2, 5)));
+        assert_ne!(v1.ino, v2.ino);
+        assert_eq!(
+            v1.refresh(meta(2, 5)),
+            meta(1, 20),
+            "old inode stays pinned"
+        );
+        let stale_listing = t.lookup("f", Kind::File, Some(meta(1, 20)));
+        assert_eq!(
+            stale_listing.ino, v2.ino,
+            "an older listing does not go back"
+        );
+        t.forget(v1.ino, 2);
+        assert_eq!(t.lookup("f", Kind::File, None).ino, v2.ino);
+    }
+
+    #[test]
+    fn keep_cache_only_for_the_same_identity() {
+        let t = InodeTable::new(String::new());
+        let a = t.lookup("a", Kind::File, None);
+        assert!(!a.note_open((1, 10)));
+        assert!(a.note_open((1, 10)));
+        assert!(!a.note_open((2, 10)));
+        assert!(!a.note_open((2, 11)));
+    }
+}

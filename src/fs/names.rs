@@ -1,0 +1,63 @@
+//! Which object names a POSIX directory tree can show, and how names join into object keys.
+//!
+//! Object names are plain strings; `/` makes directories only by convention. A component that
+//! is empty, `.` or `..`, longer than 255 bytes, or holds a NUL cannot be a file name, so such
+//! objects are hidden rather than shown under a mangled name.
+
+/// Longest file name Linux accepts in one path component.
+pub const NAME_MAX: usize = 255;
+
+/// True when `name` can be shown as one entry of a directory.
+pub fn is_visible(name: &str) -> bool {
+    !name.is_empty()
+        && name != "."
+        && name != ".."
+        && name.len() <= NAME_MAX
+        && !name.contains('/')
+        && !name.contains('\0')
+}
+
+/// Normalizes a `--only-dir` prefix to the form directory keys use: no leading `/`, one
+/// trailing `/`, or empty for the bucket root.
+pub fn dir_prefix(only_dir: Option<&str>) -> String {
+    let trimmed = only_dir.unwrap_or("").trim_matches('/');
+    if trimmed.is_empty() {
+        String::new()
+    } else {
+        format!("{trimmed}/")
+    }
+}
+
+/// The object key of file `name` inside directory key `dir` (which is empty or ends in `/`).
+pub fn file_key(dir: &str, name: &str) -> String {
+    format!("{dir}{name}")
+}
+
+/// The directory key (prefix, ending in `/`) of subdirectory `name` inside directory key `dir`.
+pub fn dir_key(dir: &str, name: &str) -> String {
+    format!("{dir}{name}/")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn odd_names_are_hidden() {
+        assert!(is_visible("a.txt"));
+        assert!(is_visible(&"x".repeat(255)));
+        for bad in ["", ".", "..", "a/b", "nul\0", &"x".repeat(256)] {
+            assert!(!is_visible(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn prefixes_are_normalized() {
+        assert_eq!(dir_prefix(None), "");
+        assert_eq!(dir_prefix(Some("/")), "");
+        assert_eq!(dir_prefix(Some("/a/b/")), "a/b/");
+        assert_eq!(dir_prefix(Some("a")), "a/");
+        assert_eq!(file_key("a/", "f"), "a/f");
+        assert_eq!(dir_key("", "d"), "d/");
+    }
+}

@@ -1,0 +1,104 @@
+//! A per-object pool of `BidiReadObject` streams, pinned to one generation and shared by all
+//! handles that opened that generation.
+//!
+//! The pool starts with one stream, opened at the first read, and grows (up to a size-based
+//! limit) only when every stream already has several ranges outstanding. Broken streams are
+//! dropped and replaced on the next read. The pool outlives its handles for a while (see
+//! `read.rs`), so reopening a file finds its streams warm.
+
+use crate::gcs::{self, BidiReader, Client};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// A stream with this many ranges outstanding is busy enough to justify another stream.
+const BUSY_RANGES: usize = 4;
+
+/// The streams of one (object, generation).
+pub struct StreamPool {
+    client: Client,
+    bucket: Arc<str>,
+    key: String,
+    generation: i64,
+    max_streams: usize,
+    readers: tokio::sync::Mutex<Vec<BidiReader>>,
+    growing: AtomicBool,
+}
+
+impl StreamPool {
+    /// An empty pool; no stream is opened until the first read.
+    pub fn new(
+        client: Client,
+        bucket: Arc<str>,
+        key: String,
+        generation: i64,
+        max_streams: usize,
+    ) -> Self {
+        StreamPool {
+            client,
+            bucket,
+            key,
+            generation,
+            max_streams: max_streams.max(1),
+            readers: tokio::sync::Mutex::new(Vec::new()),
+            growing: AtomicBool::new(false),
+        }
+    }
+
+    /// The least loaded healthy stream, opening the first one if needed.
+    async fn reader(self: &Arc<Self>) -> gcs::Result<BidiReader> {
+        let mut readers = self.readers.lock().await;
+        readers.retain(|r| !r.is_broken());
+        let Some(best) = readers.iter().min_by_key(|r| r.in_flight()).cloned() else {
+            let r = self
+                .client
+                .open_reader(&self.bucket, &self.key, Some(self.generation))
+                .await?;
+            readers.push(r.clone());
+            return Ok(r);
+        };
+        if best.in_flight() >= BUSY_RANGES
+            && readers.len() < self.max_streams
+            && !self.growing.swap(true, Ordering::AcqRel)
+        {
+            // Grow in the background: this read goes on the existing stream right away.
+            let pool = self.clone();
+            tokio::spawn(async move {
+                match pool
+                    .client
+                    .open_reader(&pool.bucket, &pool.key, Some(pool.generation))
+                    .await
+                {
+                    Ok(r) => pool.readers.lock().await.push(r),
+                    Err(e) => {
+                        tracing::debug!(key = %pool.key, error = %e, "extra stream not opened")
+                    }
+                }
+                pool.growing.store(false, Ordering::Release);
+            });
+        }
+        Ok(best)
+    }
+
+    /// Reads `[offset, offset + len)` (the caller clips it to the object), retrying once on a
+    /// fresh stream if the one used broke for good. Fewer bytes than asked is an error: a
+    /// reader must never see a silently shortened file.
+    pub async fn read(self: &Arc<Self>, offset: u64, len: u64) -> gcs::Result<bytes::Bytes> {
+        let r = self.reader().await?;
+        let data = match r.read(offset, len).await {
+            Ok(d) => d,
+            Err(e) if r.is_broken() => {
+                tracing::debug!(key = %self.key, error = %e, "stream broke; retrying on a new one");
+                self.reader().await?.read(offset, len).await?
+            }
+            Err(e) => return Err(e),
+        };
+        if data.len() as u64 != len {
+            return Err(gcs::Error::Other(format!(
+                "short read of {}: {} of {len} bytes at {offset}",
+                self.key,
+                data.len()
+            )));
+        }
+        Ok(data)
+    }
+}

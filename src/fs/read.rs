@@ -1,0 +1,294 @@
+//! The read path: open handles pinned to one object generation, the block cache, read-ahead,
+//! and the warm pools of streams, all under the one memory budget.
+//!
+//! Budget split (`cache.memory_mb`): half for the block cache (moka, weighted by bytes, LRU),
+//! a quarter for read-ahead in flight (a semaphore: read-ahead that does not fit is skipped,
+//! never waited for), a quarter for the reads being answered (a semaphore the kernel's
+//! requests wait on: with many readers the kernel has more requests outstanding than memory
+//! allows, and the blocks they fetch and the copies they reply with must fit too).
+//!
+//! - A small object (up to `read.small_object_kb`) is fetched whole, in one range, at its
+//!   first read, and served from the cache after that.
+//! - A sequential reader fetches whole blocks and prefetches a window ahead of itself.
+//! - A random read fetches only its own bytes (the kernel asks for whole pages), unless the
+//!   cache already holds them.
+//!
+//! Every cache key carries the generation, so a handle never mixes bytes of two versions.
+
+use super::error::{Errno, FsResult};
+use super::inode::ObjMeta;
+use super::pool::StreamPool;
+use super::seq::{Plan, Sequential};
+use crate::config::{CacheConfig, ReadConfig};
+use crate::gcs::Client;
+use bytes::{Bytes, BytesMut};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::Semaphore;
+
+/// Read-ahead budget is counted in units of this many bytes (semaphore permits).
+const PERMIT_BYTES: u64 = 4096;
+/// Block index of a small object's single whole-object entry.
+const WHOLE: u64 = u64::MAX;
+
+/// A cached block: the object, its generation and the block index (or `WHOLE`).
+type BlockKey = (Arc<str>, i64, u64);
+
+/// Shared state of every read of the mount.
+#[derive(Clone)]
+pub struct ReadPath {
+    client: Client,
+    bucket: Arc<str>,
+    pools: moka::sync::Cache<(Arc<str>, i64), Arc<StreamPool>>,
+    blocks: moka::future::Cache<BlockKey, Bytes>,
+    prefetch_budget: Arc<Semaphore>,
+    demand_budget: Arc<Semaphore>,
+    demand_permits: u32,
+    block: u64,
+    small: u64,
+    readahead_initial: u64,
+    readahead_max: u64,
+    max_streams: usize,
+    bytes_per_stream: u64,
+}
+
+/// One open file: the generation and size it reads, its stream pool and its scan state.
+pub struct Handle {
+    key: Arc<str>,
+    generation: i64,
+    size: u64,
+    pool: Arc<StreamPool>,
+    seq: Mutex<Sequential>,
+}
+
+impl ReadPath {
+    /// Builds the caches from the configuration.
+    pub fn new(client: Client, bucket: &str, read: &ReadConfig, cache: &CacheConfig) -> Self {
+        let budget = cache.memory_mb.max(16) * 1024 * 1024;
+        let block = read.block_kb.max(4) * 1024;
+        let blocks = moka::future::Cache::builder()
+            .max_capacity(budget / 2)
+            .weigher(|_k: &BlockKey, v: &Bytes| u32::try_from(v.len()).unwrap_or(u32::MAX))
+            .eviction_policy(moka::policy::EvictionPolicy::lru())
+            .build();
+        let pools = moka::sync::Cache::builder()
+            .max_capacity(read.max_warm_objects.max(1))
+            .time_to_idle(Duration::from_millis(read.stream_idle_ms))
+            .build();
+        let quarter = u32::try_from(budget / 4 / PERMIT_BYTES).unwrap_or(u32::MAX);
+        ReadPath {
+            client,
+            bucket: Arc::from(bucket),
+            pools,
+            blocks,
+            prefetch_budget: Arc::new(Semaphore::new(quarter as usize)),
+            demand_budget: Arc::new(Semaphore::new(quarter as usize)),
+            demand_permits: quarter,
+            block,
+            small: read.small_object_kb * 1024,
+            readahead_initial: read.readahead_initial_kb * 1024,
+            readahead_max: read.readahead_max_kb * 1024,
+            max_streams: read.max_streams_per_object.max(1),
+            bytes_per_stream: read.stream_per_mb.max(1) * 1024 * 1024,
+        }
+    }
+
+    /// A handle reading object `key` at the generation and size in `meta`.
+    pub fn open(&self, key: &str, meta: &ObjMeta) -> Handle {
+        let key: Arc<str> = Arc::from(key);
+        let streams = usize::try_from(1 + meta.size / self.bytes_per_stream)
+            .unwrap_or(usize::MAX)
+            .min(self.max_streams);
+        let pool = self.pools.get_with((key.clone(), meta.generation), || {
+            Arc::new(StreamPool::new(
+                self.client.clone(),
+                self.bucket.clone(),
+                key.to_string(),
+                meta.generation,
+                streams,
+            ))
+        });
+        Handle {
+            key,
+            generation: meta.generation,
+            size: meta.size,
+            pool,
+            seq: Mutex::new(Sequential::new(self.readahead_initial, self.readahead_max)),
+        }
+    }
+
+    /// The handle is closed: its streams stay warm for `read.stream_idle_ms` from now.
+    pub fn release(&self, h: &Handle) {
+        self.pools
+            .insert((h.key.clone(), h.generation), h.pool.clone());
+    }
+
+    /// Reads up to `len` bytes at `offset`, clipped to the size the handle opened.
+    pub async fn read(&self, h: &Handle, offset: u64, len: u64) -> FsResult<Bytes> {
+        let end = offset.saturating_add(len).min(h.size);
+        if offset >= end {
+            return Ok(Bytes::new());
+        }
+        // Worst case held while answering: every covering block fetched, plus one copy.
+        let held = if h.size <= self.small {
+            h.size
+        } else {
+            ((end - 1) / self.block - offset / self.block + 1) * self.block + (end - offset)
+        };
+        let permits = u32::try_from(held.div_ceil(PERMIT_BYTES))
+            .unwrap_or(u32::MAX)
+            .min(self.demand_permits);
+        let _permit = self
+            .demand_budget
+            .acquire_many(permits)
+            .await
+            .map_err(|_| Errno::EIO)?;
+        if h.size <= self.small {
+            let whole = self.cached(h, WHOLE, 0, h.size).await?;
+            return Ok(slice(&whole, offset, end));
+        }
+        let plan = h
+            .seq
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .observe(offset, end - offset);
+        match plan {
+            Plan::Sequential { prefetch } => {
+                if let Some((from, to)) = prefetch {
+                    self.prefetch(h, from, to.min(h.size));
+                }
+                self.read_blocks(h, offset, end).await
+            }
+            Plan::Random => {
+                if let Some(b) = self.cached_range(h, offset, end).await {
+                    return Ok(b);
+                }
+                h.pool
+                    .read(offset, end - offset)
+                    .await
+                    .map_err(|e| super::error::log_err("read", &h.key, &e))
+            }
+        }
+    }
+
+    /// Bytes `[offset, end)` from whole blocks, fetching (once) the blocks not yet cached.
+    async fn read_blocks(&self, h: &Handle, offset: u64, end: u64) -> FsResult<Bytes> {
+        let first = offset / self.block;
+        let last = (end - 1) / self.block;
+        let fetches = (first..=last).map(|i| {
+            let start = i * self.block;
+            self.cached(h, i, start, (start + self.block).min(h.size))
+        });
+        let blocks = futures::future::try_join_all(fetches).await?;
+        Ok(assemble(&blocks, first * self.block, offset, end))
+    }
+
+    /// Bytes `[offset, end)` if every block covering them is cached.
+    async fn cached_range(&self, h: &Handle, offset: u64, end: u64) -> Option<Bytes> {
+        let first = offset / self.block;
+        let last = (end - 1) / self.block;
+        let mut blocks = Vec::new();
+        for i in first..=last {
+            blocks.push(self.blocks.get(&(h.key.clone(), h.generation, i)).await?);
+        }
+        Some(assemble(&blocks, first * self.block, offset, end))
+    }
+
+    /// The cache entry `index` holding bytes `[start, end)`, fetched once however many
+    /// readers ask for it at the same time.
+    async fn cached(&self, h: &Handle, index: u64, start: u64, end: u64) -> FsResult<Bytes> {
+        let pool = h.pool.clone();
+        self.blocks
+            .try_get_with((h.key.clone(), h.generation, index), async move {
+                pool.read(start, end - start).await
+            })
+            .await
+            .map_err(|e| super::error::log_err("read", &h.key, &e))
+    }
+
+    /// Starts fetching the blocks of `[from, to)` that are not cached, in the background, as
+    /// far as the read-ahead budget allows.
+    fn prefetch(&self, h: &Handle, from: u64, to: u64) {
+        if from >= to {
+            return;
+        }
+        let first = from / self.block;
+        let last = (to - 1) / self.block;
+        for i in first..=last {
+            let key = (h.key.clone(), h.generation, i);
+            if self.blocks.contains_key(&key) {
+                continue;
+            }
+            let start = i * self.block;
+            let end = (start + self.block).min(h.size);
+            let permits = u32::try_from((end - start).div_ceil(PERMIT_BYTES)).unwrap_or(u32::MAX);
+            let Ok(permit) = self.prefetch_budget.clone().try_acquire_many_owned(permits) else {
+                return;
+            };
+            let blocks = self.blocks.clone();
+            let pool = h.pool.clone();
+            tokio::spawn(async move {
+                let fetched = blocks
+                    .try_get_with(key, async move { pool.read(start, end - start).await })
+                    .await;
+                if let Err(e) = fetched {
+                    tracing::debug!(error = %e, "read-ahead failed; the reader will fetch on demand");
+                }
+                drop(permit);
+            });
+        }
+    }
+}
+
+/// `[offset, end)` of `whole`, which starts at byte 0.
+fn slice(whole: &Bytes, offset: u64, end: u64) -> Bytes {
+    let len = whole.len() as u64;
+    whole.slice(offset.min(len) as usize..end.min(len) as usize)
+}
+
+/// `[offset, end)` out of consecutive blocks, the first starting at `base`: a slice when one
+/// block holds it all, else one copy.
+fn assemble(blocks: &[Bytes], base: u64, offset: u64, end: u64) -> Bytes {
+    if let [one] = blocks {
+        return slice(one, offset - base, end - base);
+    }
+    let mut out = BytesMut::with_capacity((end - offset) as usize);
+    let mut pos = base;
+    for b in blocks {
+        let b_end = pos + b.len() as u64;
+        let from = offset.max(pos);
+        let to = end.min(b_end);
+        if from < to {
+            out.extend_from_slice(&b[(from - pos) as usize..(to - pos) as usize]);
+        }
+        pos = b_end;
+    }
+    out.freeze()
+}
+
+impl std::fmt::Debug for Handle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handle")
+            .field("key", &self.key)
+            .field("generation", &self.generation)
+            .field("size", &self.size)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn assemble_spans_blocks() {
+        let blocks = [
+            Bytes::from_static(b"0123"),
+            Bytes::from_static(b"4567"),
+            Bytes::from_static(b"89"),
+        ];
+        assert_eq!(&assemble(&blocks, 8, 9, 16)[..], b"1234567");
+        assert_eq!(&assemble(&blocks[..1], 8, 9, 11)[..], b"12");
+        assert_eq!(&assemble(&blocks, 8, 8, 18)[..], b"0123456789");
+    }
+}
