@@ -31,6 +31,7 @@ async fn channel(endpoint: &str) -> Channel {
         .expect("endpoint")
         .initial_stream_window_size(32 << 20)
         .initial_connection_window_size(64 << 20)
+        .max_frame_size((1 << 20) - 1)
         .tcp_nodelay(true)
         .connect()
         .await
@@ -226,7 +227,7 @@ fn main() {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
         let json = format!(
-            "{{\"bench\":\"emulator\",\"unix_time\":{stamp},\"cores\":{cores},\"kernel\":\"{}\",\"config\":{{\"object_bytes\":{SIZE},\"runs\":{runs},\"backend\":\"memory\",\"chunk_bytes\":2097152,\"client\":\"raw tonic, one connection per stream, 32/64 MiB windows\",\"baseline\":\"tokio TCP copy over loopback, 2 MiB writes\"}},\"bytes_sent\":{},\"rows\":[{}]}}",
+            "{{\"bench\":\"emulator\",\"unix_time\":{stamp},\"cores\":{cores},\"kernel\":\"{}\",\"config\":{{\"object_bytes\":{SIZE},\"runs\":{runs},\"backend\":\"memory\",\"chunk_bytes\":2097152,\"client\":\"raw tonic, one connection per stream, 32/64 MiB windows, 1 MiB frames\",\"baseline\":\"tokio TCP copy over loopback, 2 MiB writes\"}},\"bytes_sent\":{},\"rows\":[{}]}}",
             kernel(),
             stats.bytes_sent,
             json_rows.join(",")
