@@ -54,6 +54,22 @@ fn data(len: usize) -> Bytes {
     Bytes::from(v)
 }
 
+/// CPU time (user + system) this process has used so far, in seconds.
+fn cpu_seconds() -> f64 {
+    // SAFETY: getrusage only writes into the zeroed struct we pass.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+    t(ru.ru_utime) + t(ru.ru_stime)
+}
+
+/// Runs `f` and returns its result with the CPU seconds the whole process spent meanwhile.
+async fn with_cpu<T>(f: impl std::future::Future<Output = T>) -> (T, f64) {
+    let before = cpu_seconds();
+    let out = f.await;
+    (out, cpu_seconds() - before)
+}
+
 fn mib_per_s(bytes: usize, d: Duration) -> f64 {
     bytes as f64 / MIB as f64 / d.as_secs_f64()
 }
@@ -174,9 +190,16 @@ async fn run() {
 
     let mut tcp = Vec::new();
     let mut grpc = Vec::new();
+    let mut tcp_cpu = Vec::new();
+    let mut grpc_cpu = Vec::new();
+    let gib = (BIG / 1024 / MIB) as f64;
     for _ in 0..RUNS {
-        tcp.push(tcp_copy(src.clone()).await);
-        grpc.push(stream_read(&c).await);
+        let (t, cpu) = with_cpu(tcp_copy(src.clone())).await;
+        tcp.push(t);
+        tcp_cpu.push(gib / cpu);
+        let (g, cpu) = with_cpu(stream_read(&c)).await;
+        grpc.push(g);
+        grpc_cpu.push(gib / cpu);
     }
     let mut rand1 = Vec::new();
     let mut rand64 = Vec::new();
@@ -192,17 +215,28 @@ async fn run() {
 
     let tcp = figure("tcp copy 1 GiB (baseline)", "MiB/s", tcp);
     let base = tcp.median;
+    let tcp_cpu = figure("tcp copy: GiB per CPU-second", "GiB/cpu-s", tcp_cpu);
+    let grpc_cpu = figure("bidi read: GiB per CPU-second", "GiB/cpu-s", grpc_cpu);
+    let cpu_base = tcp_cpu.median;
     let figures = [
         figure("bidi read_stream 1 GiB", "MiB/s", grpc),
         figure("4 KiB random reads, 1 in flight", "reads/s", rand1),
         figure("4 KiB random reads, 64 in flight", "reads/s", rand64),
         figure("append 256 MiB, flush every 8 MiB", "MiB/s", app),
+        tcp_cpu,
+        grpc_cpu,
     ];
-    print_and_save(&tcp, &figures, base, &cfg);
+    print_and_save(&tcp, &figures, (base, cpu_base), &cfg);
     emu.shutdown().await;
 }
 
-fn print_and_save(tcp: &Figure, figures: &[Figure], base: f64, cfg: &GcsConfig) {
+/// `base`: the TCP copy's MiB/s and GiB per CPU-second; figures in those units get a ratio.
+fn print_and_save(tcp: &Figure, figures: &[Figure], base: (f64, f64), cfg: &GcsConfig) {
+    let ratio = |f: &Figure| match f.unit {
+        "MiB/s" => Some(f.median / base.0),
+        "GiB/cpu-s" => Some(f.median / base.1),
+        _ => None,
+    };
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .unwrap_or_default()
@@ -210,19 +244,15 @@ fn print_and_save(tcp: &Figure, figures: &[Figure], base: f64, cfg: &GcsConfig) 
         .to_string();
     println!("\nclient benchmark ({cores} cores, kernel {kernel}, median of {RUNS} runs)");
     println!(
-        "{:<40} {:>12} {:>12} {:>12} {:>10}",
+        "{:<40} {:>20} {:>10} {:>10} {:>8}",
         "case", "median", "min", "max", "vs tcp"
     );
     let mut json = Vec::new();
     for f in std::iter::once(tcp).chain(figures) {
-        let ratio = if f.unit == "MiB/s" {
-            format!("{:.2}", f.median / base)
-        } else {
-            "-".to_string()
-        };
+        let shown = ratio(f).map_or("-".to_string(), |r| format!("{r:.2}"));
         println!(
-            "{:<40} {:>8.0} {:<3} {:>12.0} {:>12.0} {:>10}",
-            f.name, f.median, f.unit, f.min, f.max, ratio
+            "{:<40} {:>10.2} {:<9} {:>10.2} {:>10.2} {:>8}",
+            f.name, f.median, f.unit, f.min, f.max, shown
         );
         json.push(format!(
             "    {{\"case\": {:?}, \"unit\": {:?}, \"median\": {:.1}, \"min\": {:.1}, \"max\": {:.1}, \"ratio_to_tcp\": {}}}",
@@ -231,7 +261,7 @@ fn print_and_save(tcp: &Figure, figures: &[Figure], base: f64, cfg: &GcsConfig) 
             f.median,
             f.min,
             f.max,
-            if f.unit == "MiB/s" { format!("{:.3}", f.median / base) } else { "null".into() }
+            ratio(f).map_or("null".to_string(), |r| format!("{r:.3}"))
         ));
     }
     let text = format!(

@@ -242,3 +242,30 @@ fn a_server_gone_for_good_fails_reads_within_the_deadline() {
         assert!(start.elapsed() < Duration::from_secs(5));
     });
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_stream_is_replaced_and_the_read_completes() {
+    let emu = emulator(Faults::default()).await;
+    let src = data(4 * MIB, 7);
+    emu.put_object(BUCKET, "slow", src.clone()).unwrap();
+    let mut cfg = config(emu.endpoint());
+    cfg.stall_timeout_ms = 200;
+    let c = Client::connect(&cfg).await.unwrap();
+    // The stream opened now keeps a 1 s delay on every message; later streams have none.
+    emu.set_faults(Faults {
+        latency_us: 1_000_000,
+        ..Faults::default()
+    });
+    let r = c.open_reader(BUCKET, "slow", None).await.unwrap();
+    emu.set_faults(Faults::default());
+    let start = Instant::now();
+    let got = r.read(0, src.len() as u64).await.unwrap();
+    assert!(got == src);
+    assert!(r.reconnects() >= 1, "the stalled stream was replaced");
+    assert!(
+        start.elapsed() < Duration::from_millis(900),
+        "took {:?}: waited for the slow stream",
+        start.elapsed()
+    );
+    assert_eq!(emu.stats().missing_routing_header, 0);
+}

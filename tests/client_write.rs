@@ -162,3 +162,30 @@ async fn writes_survive_redirects_and_unavailable() {
     assert!(read_all(&c, "r").await == src);
     assert_eq!(emu.stats().missing_routing_header, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unpersisted_bytes_stay_within_the_write_buffer() {
+    let emu = emulator(Faults {
+        latency_us: 2_000,
+        ..Faults::default()
+    })
+    .await;
+    let mut cfg = config(emu.endpoint());
+    cfg.write_buffer_kb = 4 * 1024;
+    let cap = cfg.write_buffer_kb * 1024;
+    let c = Client::connect(&cfg).await.unwrap();
+    let src = data(40 * MIB, 12);
+    let mut w = c.create_appendable(BUCKET, "bounded", None).await.unwrap();
+    for piece in src.chunks(MIB) {
+        w.append(src.slice_ref(piece)).await.unwrap();
+        assert!(
+            w.written() - w.persisted() <= cap,
+            "{} unpersisted bytes, cap {cap}",
+            w.written() - w.persisted()
+        );
+    }
+    assert!(w.persisted() > 0, "the writer learned progress on its own");
+    let m = w.close().await.unwrap();
+    assert_eq!(m.size, src.len() as u64);
+    assert!(read_all(&c, "bounded").await == src);
+}
