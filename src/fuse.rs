@@ -19,7 +19,7 @@ use tokio::runtime::Handle;
 /// Largest read and write request negotiated with the kernel.
 const MAX_IO: u32 = 1024 * 1024;
 /// Requests the kernel may keep outstanding in the background (read-ahead among them).
-const MAX_BACKGROUND: u16 = 64;
+const MAX_BACKGROUND: u16 = 16;
 
 /// The fuser adapter: the filesystem plus the runtime its requests run on.
 struct FuseAdapter {

@@ -2,8 +2,11 @@
 //! kernel's lookup count, and each file's last known (generation, size) identity.
 //!
 //! Keys of directories end in `/` and keys of files do not, so a file `a` and a directory `a/`
-//! never share an inode. An inode lives while the kernel holds lookups on it; `forget` drops
-//! it when the count reaches zero. The root is never forgotten.
+//! never share an inode. A file inode is pinned to one generation: when a lookup finds a newer
+//! generation, the key gets a new inode, so the kernel's page cache of the old inode (still
+//! used by handles opened before) never mixes bytes of two versions; appends (same generation,
+//! larger size) keep the inode. An inode lives while the kernel holds lookups on it; `forget`
+//! drops it when the count reaches zero. The root is never forgotten.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -84,11 +87,19 @@ impl Inode {
         (s.meta, s.checked)
     }
 
-    /// Records freshly fetched metadata.
-    pub fn set_meta(&self, meta: ObjMeta) {
+    /// Records freshly fetched metadata of the inode's generation and returns what the inode
+    /// now holds: a newer generation belongs to a new inode (see `InodeTable::lookup`), so it
+    /// only restarts the TTL here.
+    pub fn refresh(&self, meta: ObjMeta) -> ObjMeta {
         let mut s = self.state();
-        s.meta = Some(meta);
         s.checked = Some(Instant::now());
+        match s.meta {
+            Some(old) if old.generation != meta.generation => old,
+            _ => {
+                s.meta = Some(meta);
+                meta
+            }
+        }
     }
 
     /// Records the identity a new open will read and says whether the kernel's page cache,
@@ -164,11 +175,20 @@ impl InodeTable {
     }
 
     /// Finds or creates the inode of `key` and counts one kernel lookup on it; `meta`, when
-    /// given, refreshes a file's metadata.
+    /// given, refreshes a file's metadata, and a newer generation than the inode's gets a new
+    /// inode.
     pub fn lookup(&self, key: &str, kind: Kind, meta: Option<ObjMeta>) -> Arc<Inode> {
         let mut t = self.tables();
         let map_key = (key.to_string(), kind == Kind::Dir);
-        let inode = match t.by_key.get(&map_key).and_then(|ino| t.by_ino.get(ino)) {
+        let existing = t
+            .by_key
+            .get(&map_key)
+            .and_then(|ino| t.by_ino.get(ino))
+            .filter(|inode| match (inode.meta().0, meta) {
+                (Some(old), Some(new)) => new.generation <= old.generation,
+                _ => true,
+            });
+        let inode = match existing {
             Some(inode) => inode.clone(),
             None => {
                 let ino = t.next_ino;
@@ -189,13 +209,9 @@ impl InodeTable {
                 inode
             }
         };
-        {
-            let mut s = inode.state();
-            s.lookups += 1;
-            if let Some(m) = meta {
-                s.meta = Some(m);
-                s.checked = Some(Instant::now());
-            }
+        inode.state().lookups += 1;
+        if let Some(m) = meta {
+            inode.refresh(m);
         }
         inode
     }
@@ -216,8 +232,10 @@ impl InodeTable {
         };
         if gone {
             t.by_ino.remove(&ino);
-            t.by_key
-                .remove(&(inode.key.clone(), inode.kind == Kind::Dir));
+            let map_key = (inode.key.clone(), inode.kind == Kind::Dir);
+            if t.by_key.get(&map_key) == Some(&ino) {
+                t.by_key.remove(&map_key);
+            }
         }
     }
 }
@@ -240,6 +258,38 @@ mod tests {
         assert!(t.get(a.ino).is_none());
         t.forget(ROOT_INO, 5);
         assert!(t.get(ROOT_INO).is_some());
+    }
+
+    fn meta(generation: i64, size: u64) -> ObjMeta {
+        ObjMeta {
+            generation,
+            size,
+            mtime: SystemTime::UNIX_EPOCH,
+            crtime: SystemTime::UNIX_EPOCH,
+        }
+    }
+
+    #[test]
+    fn a_new_generation_is_a_new_inode_and_appends_are_not() {
+        let t = InodeTable::new(String::new());
+        let v1 = t.lookup("f", Kind::File, Some(meta(1, 10)));
+        let grown = t.lookup("f", Kind::File, Some(meta(1, 20)));
+        assert_eq!(v1.ino, grown.ino);
+        assert_eq!(v1.meta().0.map(|m| m.size), Some(20));
+        let v2 = t.lookup("f", Kind::File, Some(meta(2, 5)));
+        assert_ne!(v1.ino, v2.ino);
+        assert_eq!(
+            v1.refresh(meta(2, 5)),
+            meta(1, 20),
+            "old inode stays pinned"
+        );
+        let stale_listing = t.lookup("f", Kind::File, Some(meta(1, 20)));
+        assert_eq!(
+            stale_listing.ino, v2.ino,
+            "an older listing does not go back"
+        );
+        t.forget(v1.ino, 2);
+        assert_eq!(t.lookup("f", Kind::File, None).ino, v2.ino);
     }
 
     #[test]

@@ -357,9 +357,7 @@ impl Fs {
             .get_object(&i.bucket, &inode.key)
             .await
             .map_err(|e| error::log_err("stat", &inode.key, &e))?;
-        let meta = ObjMeta::from(&meta);
-        inode.set_meta(meta);
-        Ok(meta)
+        Ok(inode.refresh(ObjMeta::from(&meta)))
     }
 
     /// Attributes of `ino`.

@@ -3,7 +3,9 @@
 //!
 //! Budget split (`cache.memory_mb`): half for the block cache (moka, weighted by bytes, LRU),
 //! a quarter for read-ahead in flight (a semaphore: read-ahead that does not fit is skipped,
-//! never waited for), the rest is headroom for reads being answered.
+//! never waited for), a quarter for the reads being answered (a semaphore the kernel's
+//! requests wait on: with many readers the kernel has more requests outstanding than memory
+//! allows, and the blocks they fetch and the copies they reply with must fit too).
 //!
 //! - A small object (up to `read.small_object_kb`) is fetched whole, in one range, at its
 //!   first read, and served from the cache after that.
@@ -13,7 +15,7 @@
 //!
 //! Every cache key carries the generation, so a handle never mixes bytes of two versions.
 
-use super::error::FsResult;
+use super::error::{Errno, FsResult};
 use super::inode::ObjMeta;
 use super::pool::StreamPool;
 use super::seq::{Plan, Sequential};
@@ -40,6 +42,8 @@ pub struct ReadPath {
     pools: moka::sync::Cache<(Arc<str>, i64), Arc<StreamPool>>,
     blocks: moka::future::Cache<BlockKey, Bytes>,
     prefetch_budget: Arc<Semaphore>,
+    demand_budget: Arc<Semaphore>,
+    demand_permits: u32,
     block: u64,
     small: u64,
     readahead_initial: u64,
@@ -71,13 +75,15 @@ impl ReadPath {
             .max_capacity(read.max_warm_objects.max(1))
             .time_to_idle(Duration::from_millis(read.stream_idle_ms))
             .build();
-        let permits = usize::try_from(budget / 4 / PERMIT_BYTES).unwrap_or(usize::MAX);
+        let quarter = u32::try_from(budget / 4 / PERMIT_BYTES).unwrap_or(u32::MAX);
         ReadPath {
             client,
             bucket: Arc::from(bucket),
             pools,
             blocks,
-            prefetch_budget: Arc::new(Semaphore::new(permits)),
+            prefetch_budget: Arc::new(Semaphore::new(quarter as usize)),
+            demand_budget: Arc::new(Semaphore::new(quarter as usize)),
+            demand_permits: quarter,
             block,
             small: read.small_object_kb * 1024,
             readahead_initial: read.readahead_initial_kb * 1024,
@@ -123,6 +129,20 @@ impl ReadPath {
         if offset >= end {
             return Ok(Bytes::new());
         }
+        // Worst case held while answering: every covering block fetched, plus one copy.
+        let held = if h.size <= self.small {
+            h.size
+        } else {
+            ((end - 1) / self.block - offset / self.block + 1) * self.block + (end - offset)
+        };
+        let permits = u32::try_from(held.div_ceil(PERMIT_BYTES))
+            .unwrap_or(u32::MAX)
+            .min(self.demand_permits);
+        let _permit = self
+            .demand_budget
+            .acquire_many(permits)
+            .await
+            .map_err(|_| Errno::EIO)?;
         if h.size <= self.small {
             let whole = self.cached(h, WHOLE, 0, h.size).await?;
             return Ok(slice(&whole, offset, end));

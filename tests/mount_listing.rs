@@ -1,0 +1,229 @@
+//! Names and metadata through a real FUSE mount: large listings, implicit directories, the
+//! name rules, ownership and modes, `--only-dir`, TTLs, replaced objects, refused writes.
+
+mod mount_support;
+
+use mount_support::{data, read_file, Env};
+use std::collections::BTreeSet;
+use std::ffi::CString;
+use std::io::Read;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::time::Duration;
+
+const BUCKET: &str = "names";
+
+fn names(dir: &std::path::Path) -> BTreeSet<String> {
+    std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("read_dir {}: {e}", dir.display()))
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+#[test]
+fn ten_thousand_objects_list_completely_with_sizes() {
+    let env = Env::new(BUCKET);
+    for i in 0..10_000usize {
+        env.put(BUCKET, &format!("many/f{i:05}"), &vec![b'x'; i % 777]);
+    }
+    let m = env.mount(BUCKET, &env.config());
+    env.emu().reset_stats();
+    let mut seen = 0;
+    for e in std::fs::read_dir(m.p("many")).expect("read_dir") {
+        let e = e.expect("entry");
+        let name = e.file_name().to_string_lossy().into_owned();
+        let i: usize = name[1..].parse().expect("numbered name");
+        assert_eq!(
+            e.metadata().expect("stat").len(),
+            (i % 777) as u64,
+            "{name}"
+        );
+        seen += 1;
+    }
+    assert_eq!(seen, 10_000);
+    let s = env.emu().stats();
+    assert!(
+        s.list_calls <= 12 && s.get_object_calls <= 2,
+        "listing took {} list and {} get calls",
+        s.list_calls,
+        s.get_object_calls
+    );
+}
+
+#[test]
+fn implicit_directories_and_the_name_rules() {
+    let env = Env::new(BUCKET);
+    env.put(BUCKET, "a/b/c.txt", b"deep");
+    env.put(BUCKET, "x", b"shadowed object");
+    env.put(BUCKET, "x/y", b"inside x");
+    env.put(BUCKET, "empty/", b"");
+    for odd in ["odd//double", "odd/./dot", "odd/../up", "odd/ok"] {
+        env.put(BUCKET, odd, b"o");
+    }
+    env.put(BUCKET, &format!("odd/{}", "n".repeat(256)), b"long");
+    env.put(BUCKET, &format!("odd/{}", "n".repeat(255)), b"longest");
+
+    // Lookups by path first, on a mount that has listed nothing yet.
+    let m = env.mount(BUCKET, &env.config());
+    assert_eq!(std::fs::read(m.p("a/b/c.txt")).expect("read"), b"deep");
+    assert!(std::fs::metadata(m.p("a/b")).expect("stat").is_dir());
+    assert!(
+        std::fs::metadata(m.p("x")).expect("stat").is_dir(),
+        "directory wins"
+    );
+    assert_eq!(std::fs::read(m.p("x/y")).expect("read"), b"inside x");
+    assert!(std::fs::metadata(m.p("nope")).is_err());
+    m.unmount();
+
+    let m = env.mount(BUCKET, &env.config());
+    let root = names(&m.path);
+    assert_eq!(
+        root,
+        ["a", "empty", "odd", "x"]
+            .map(String::from)
+            .into_iter()
+            .collect()
+    );
+    assert!(
+        std::fs::metadata(m.p("x")).expect("stat").is_dir(),
+        "directory wins"
+    );
+    assert!(names(&m.p("empty")).is_empty());
+    assert_eq!(
+        names(&m.p("odd")),
+        ["ok".to_string(), "n".repeat(255)].into_iter().collect()
+    );
+    assert_eq!(names(&m.p("a")), ["b".to_string()].into_iter().collect());
+}
+
+#[test]
+fn ownership_modes_and_only_dir() {
+    let env = Env::new(BUCKET);
+    env.put(BUCKET, "top.txt", b"top");
+    env.put(BUCKET, "sub/inner.txt", b"inner");
+    env.put(BUCKET, "sub/deeper/z", b"z");
+    let mut cfg = env.config();
+    cfg.fs.uid = Some(1234);
+    cfg.fs.gid = Some(5678);
+    cfg.fs.file_mode = 0o640;
+    cfg.fs.dir_mode = 0o750;
+    cfg.fs.only_dir = Some("/sub/".to_string());
+    let m = env.mount(BUCKET, &cfg);
+    assert_eq!(
+        names(&m.path),
+        ["deeper", "inner.txt"]
+            .map(String::from)
+            .into_iter()
+            .collect()
+    );
+    let f = std::fs::metadata(m.p("inner.txt")).expect("stat");
+    assert_eq!((f.uid(), f.gid()), (1234, 5678));
+    assert_eq!(f.permissions().mode() & 0o7777, 0o640);
+    let d = std::fs::metadata(m.p("deeper")).expect("stat");
+    assert_eq!(d.permissions().mode() & 0o7777, 0o750);
+    assert!(std::fs::metadata(m.p("top.txt")).is_err());
+}
+
+#[test]
+fn replaced_object_shows_after_the_ttl_and_an_open_handle_never_mixes() {
+    let env = Env::new(BUCKET);
+    let mib = 1024 * 1024;
+    env.put(BUCKET, "r.bin", &vec![b'A'; 8 * mib]);
+    let mut cfg = env.config();
+    cfg.fs.stat_ttl_ms = 300;
+    cfg.fs.list_ttl_ms = 300;
+    cfg.fs.negative_ttl_ms = 300;
+    cfg.fs.kernel_attr_ttl_ms = 300;
+    cfg.fs.kernel_entry_ttl_ms = 300;
+    // Small kernel read-ahead so the old handle really goes back to the service.
+    cfg.read.kernel_read_ahead_kb = 0;
+    let m = env.mount(BUCKET, &cfg);
+
+    let mut old = std::fs::File::open(m.p("r.bin")).expect("open");
+    let mut head = vec![0u8; 64 * 1024];
+    old.read_exact(&mut head).expect("read head");
+    assert!(head.iter().all(|&b| b == b'A'));
+
+    env.put(BUCKET, "r.bin", &vec![b'B'; 3 * mib]);
+    std::thread::sleep(Duration::from_millis(800));
+    assert_eq!(
+        std::fs::metadata(m.p("r.bin")).expect("stat").len(),
+        3 * mib as u64,
+        "new size after the TTL"
+    );
+    let fresh = read_file(&m.p("r.bin"));
+    assert_eq!(fresh.len(), 3 * mib);
+    assert!(
+        fresh.iter().all(|&b| b == b'B'),
+        "a new open reads the new version"
+    );
+
+    // The old handle reads the old version or fails; it never returns B bytes.
+    let mut rest = Vec::new();
+    match old.read_to_end(&mut rest) {
+        Ok(_) => assert!(
+            rest.iter().all(|&b| b == b'A'),
+            "old handle returned bytes of the new version"
+        ),
+        Err(e) => assert!(
+            matches!(e.raw_os_error(), Some(libc::ESTALE) | Some(libc::EIO)),
+            "old handle failed with {e}"
+        ),
+    }
+
+    // A name created after a miss appears once the negative TTL has passed.
+    assert!(std::fs::metadata(m.p("late")).is_err());
+    env.put(BUCKET, "late", &data(9, 10));
+    std::thread::sleep(Duration::from_millis(800));
+    assert_eq!(
+        std::fs::metadata(m.p("late")).expect("late appears").len(),
+        10
+    );
+}
+
+#[test]
+fn writes_are_refused_and_xattrs_and_statfs_answer() {
+    let env = Env::new(BUCKET);
+    env.put(BUCKET, "f", b"data");
+    let m = env.mount(BUCKET, &env.config());
+    let err = std::fs::write(m.p("new"), b"x").expect_err("create refused");
+    assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{err}");
+    let err = std::fs::create_dir(m.p("d")).expect_err("mkdir refused");
+    assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{err}");
+    let err = std::fs::OpenOptions::new()
+        .write(true)
+        .open(m.p("f"))
+        .expect_err("open for writing refused");
+    assert!(
+        matches!(err.raw_os_error(), Some(libc::EROFS) | Some(libc::EACCES)),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(m.p("f")).expect("read"), b"data");
+
+    let path = CString::new(m.p("f").as_os_str().as_encoded_bytes()).expect("path");
+    let name = CString::new("user.test").expect("name");
+    let mut buf = [0u8; 64];
+    // SAFETY: valid C strings and a buffer of the stated length.
+    let r = unsafe {
+        libc::getxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    assert_eq!(r, -1);
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::ENODATA)
+    );
+    // SAFETY: as above.
+    let r = unsafe { libc::listxattr(path.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    assert_eq!(r, 0, "no xattrs listed");
+
+    let root = CString::new(m.path.as_os_str().as_encoded_bytes()).expect("path");
+    // SAFETY: statvfs fills the struct we own.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statvfs(root.as_ptr(), &mut st) }, 0);
+    assert!(st.f_blocks > 0 && st.f_bavail > 0 && st.f_bsize > 0);
+    assert_eq!(st.f_namemax, 255);
+}
