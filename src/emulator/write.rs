@@ -369,7 +369,8 @@ impl Session {
                         )));
                     }
                     let skip = (segs.len() - offset).min(d.content.len() as u64) as usize;
-                    segs.push(d.content.slice(skip..));
+                    // Owned copy: see `ContentWriter::append`.
+                    segs.push(Bytes::copy_from_slice(&d.content[skip..]));
                 }
                 if m.finish_write {
                     if let Some(expected) = expected_crc {
