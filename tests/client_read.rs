@@ -269,3 +269,25 @@ async fn a_stalled_stream_is_replaced_and_the_read_completes() {
     );
     assert_eq!(emu.stats().missing_routing_header, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_than_100_queued_ranges_are_split_into_several_messages() {
+    let emu = emulator(Faults::default()).await;
+    let src = data(MIB, 8);
+    emu.put_object(BUCKET, "many", src.clone()).unwrap();
+    let c = client(&emu).await;
+    let r = c.open_reader(BUCKET, "many", None).await.unwrap();
+    emu.reset_stats();
+    let reads = (0..250u64).map(|i| {
+        let r = r.clone();
+        async move { (i, r.read(i * 4000, 1000).await) }
+    });
+    for (i, got) in futures::future::join_all(reads).await {
+        let off = (i * 4000) as usize;
+        assert!(got.unwrap() == src.slice(off..off + 1000), "range {i}");
+    }
+    let st = emu.stats();
+    assert_eq!(st.ranges_requested, 250);
+    assert_eq!(st.read_streams, 0);
+    assert_eq!(st.missing_routing_header, 0);
+}
