@@ -12,7 +12,9 @@ Workloads (each measured in every run; medians of the runs with min and max):
   3. the small files read by 4 parallel reader processes (cold): files/s, rapidfs vs local
      (bindfs for reference);
   4. `ls -l` of the 10,000-entry directory on fresh mounts: rapidfs, bindfs, local;
-  5. second pass of 1 and 3 on the same mounts (page cache warm) vs local.
+  5. second pass of 1 and 3 on the same mounts (page cache warm) vs local, and vs
+     `bindfs -o kernel_cache` (the kernel keeps a FUSE file's page cache across opens: the
+     ceiling any FUSE filesystem reaches on this kernel).
 
 "Cold" follows shared/design/MEASURING.md: fresh mounts, `sync; echo 3 >
 /proc/sys/vm/drop_caches`, then the local backing files are read once so that bindfs and the
@@ -20,8 +22,10 @@ local baseline serve from the page cache and the emulator serves from its memory
 measured is the filesystem, not the disk. The local copy read straight after dropping the
 caches (from disk) is printed too, for reference only.
 
-Prints a table and writes target/bench-results/read_path.json (cores, kernel, configuration,
-every run). Needs root (drop_caches, mounts), fuse3 and bindfs (installed with apt-get when
+Prints a table (figures, ratios against the same run's baselines, the CPU seconds each
+daemon spent per pass, the targets met or missed) and writes
+target/bench-results/read_path.json (cores, kernel, load, configuration, every run). The
+benchmark and everything it starts run at nice -10 (`--nice`) because the machine is shared. Needs root (drop_caches, mounts), fuse3 and bindfs (installed with apt-get when
 missing, as tests/setup.sh does). Talks to nothing but 127.0.0.1. Unmounts everything and
 stops the emulator on any exit, including failures and SIGINT/SIGTERM.
 """
