@@ -30,6 +30,8 @@ use tonic::Status;
 /// The wire limit of ranges in one request message.
 const MAX_RANGES_PER_MESSAGE: usize = 100;
 const REDIRECT_TYPE: &str = "google.storage.v2.BidiReadObjectRedirectedError";
+/// `read` results smaller than this are copied out of the receive buffer they arrived in.
+const OWN_COPY_BELOW: u64 = 256 * 1024;
 
 /// One BidiReadObject session: many ranges in flight, reconnects invisibly. Cheap to clone
 /// (Arc inside); clones share the stream. Dropping the last clone closes the stream.
@@ -128,6 +130,8 @@ impl BidiReader {
             return Err(self.shared.short(offset, len, got));
         }
         Ok(match chunks.len() {
+            // A small slice of a large receive buffer would pin all of it in a cache.
+            1 if len < OWN_COPY_BELOW => Bytes::copy_from_slice(&chunks[0]),
             1 => chunks.pop().unwrap_or_default(),
             _ => {
                 let mut buf = BytesMut::with_capacity(len as usize);
