@@ -281,7 +281,7 @@ struct Session {
     /// A failure series is under way (no payload since the last break).
     failing: bool,
     last_error: Option<Status>,
-    /// The last break was a redirect: reconnect at once.
+    /// The last break was a redirect (or an idle close): reconnect at once.
     redirected: bool,
     counters: Arc<Counters>,
 }
@@ -518,13 +518,21 @@ impl Session {
     /// The stream broke with `s`: drop it, and decide whether a reconnect may follow.
     fn on_break(&mut self, s: Status, backoff: &mut Backoff) -> Result<()> {
         self.conn = None;
+        self.redirected = self.take_redirect(&s);
+        self.prune_cancelled();
+        if self.ranges.is_empty() {
+            // Nobody waits (servers end idle streams): reopen without delay when the next
+            // range comes, and let a lasting problem show itself then.
+            self.redirected = true;
+            self.failing = false;
+            return Ok(());
+        }
+        if !self.redirected && !retry::is_transient(&s) {
+            return Err(retry::map_status(&s, &self.what));
+        }
         if !self.failing {
             self.failing = true;
             backoff.reset();
-        }
-        self.redirected = self.take_redirect(&s);
-        if !self.redirected && !retry::is_transient(&s) {
-            return Err(retry::map_status(&s, &self.what));
         }
         tracing::debug!(object = %self.what, code = ?s.code(), msg = s.message(), "read stream broke");
         self.last_error = Some(s);
@@ -533,6 +541,11 @@ impl Session {
 
     /// Reopens with handle and routing token, asking for the remainder of every range.
     async fn reconnect(&mut self, backoff: &mut Backoff) -> Result<()> {
+        if !self.failing {
+            // The deadline counts from when a reconnect is first needed.
+            self.failing = true;
+            backoff.reset();
+        }
         loop {
             if self.redirected {
                 if Instant::now() >= backoff.deadline() {
@@ -544,6 +557,7 @@ impl Session {
             self.redirected = false;
             self.prune_cancelled();
             if self.ranges.is_empty() {
+                self.failing = false;
                 return Ok(());
             }
             self.counters.reconnects.fetch_add(1, Ordering::Relaxed);
