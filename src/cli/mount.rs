@@ -311,11 +311,9 @@ fn tune_allocator() {
 
 /// The in-process emulator over `dir` on a free loopback port.
 async fn start_emulator(dir: &Path) -> anyhow::Result<Emulator> {
-    // The emulator's directory backend is not built yet: serve a memory copy of DIR (the
-    // mount is read-only for now, so nothing is lost).
     let opts = EmulatorOptions {
         root: Some(dir.to_path_buf()),
-        memory: true,
+        memory: false,
         zone: "us-central1-a".to_string(),
         faults: Faults::default(),
     };
