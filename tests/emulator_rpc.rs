@@ -44,6 +44,7 @@ async fn bucket_and_layout_report_a_zonal_bucket() {
         .unwrap()
         .into_inner();
     assert_eq!(layout.location_type, "zone");
+    assert_eq!(layout.location, "US-CENTRAL1");
     assert_eq!(
         layout.custom_placement_config.unwrap().data_locations,
         vec!["us-central1-a".to_string()]
@@ -548,4 +549,57 @@ async fn folders_create_get_rename_delete() {
     .await
     .unwrap();
     assert_eq!(emu.stats().missing_routing_header, 0);
+}
+
+#[tokio::test]
+async fn memory_backend_holds_any_name() {
+    let emu = memory().await;
+    let mut c = client(&emu).await;
+    for name in ["a//b", "../up", "/abs", "dir/", "."] {
+        let g = emu
+            .put_object("b", name, Bytes::from(name.as_bytes().to_vec()))
+            .unwrap();
+        let o = c
+            .get_object(routed(
+                "b",
+                GetObjectRequest {
+                    bucket: bpath("b"),
+                    object: name.into(),
+                    ..Default::default()
+                },
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(o.generation, g);
+        assert_eq!(read_all(&mut c, "b", name).await, name.as_bytes());
+    }
+}
+
+#[tokio::test]
+async fn memory_backend_preloads_a_directory_without_writing_back() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("data/x")).unwrap();
+    std::fs::write(dir.path().join("data/x/f"), b"preloaded").unwrap();
+    let emu = rapidfs::emulator::Emulator::start(
+        rapidfs::emulator::EmulatorOptions {
+            root: Some(dir.path().to_path_buf()),
+            memory: true,
+            zone: "us-central1-a".into(),
+            faults: Default::default(),
+        },
+        "127.0.0.1:0".parse().unwrap(),
+    )
+    .await
+    .unwrap();
+    let mut c = client(&emu).await;
+    assert_eq!(read_all(&mut c, "data", "x/f").await, b"preloaded");
+    emu.put_object("data", "x/f", Bytes::from_static(b"changed"))
+        .unwrap();
+    assert_eq!(read_all(&mut c, "data", "x/f").await, b"changed");
+    assert_eq!(
+        std::fs::read(dir.path().join("data/x/f")).unwrap(),
+        b"preloaded"
+    );
+    assert!(!dir.path().join(".rapidfs-emulator").exists());
 }

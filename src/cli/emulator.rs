@@ -71,6 +71,8 @@ struct EmulatorSection {
 
 /// The listen address when neither a flag nor the file says.
 const DEFAULT_LISTEN: &str = "127.0.0.1:8099";
+/// How long open connections may finish after SIGINT/SIGTERM.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 /// The zone when neither a flag nor the file says.
 const DEFAULT_ZONE: &str = "us-central1-a";
 
@@ -186,6 +188,18 @@ pub fn run(
             opts.zone
         );
         let _ = std::io::stdout().flush();
-        serve(listener, opts, stop_signal()).await
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = serve(listener, opts, async move {
+            let _ = stopped.await;
+        });
+        tokio::pin!(server);
+        tokio::select! {
+            result = &mut server => result,
+            _ = stop_signal() => {
+                let _ = stop.send(());
+                // Idle client connections must not keep us alive: a short grace, then exit.
+                tokio::time::timeout(SHUTDOWN_GRACE, server).await.unwrap_or(Ok(()))
+            }
+        }
     })
 }

@@ -73,7 +73,7 @@ impl Service {
         self.store.bucket(&bucket)?;
         Ok(Response::new(StorageLayout {
             name,
-            location: self.zone.to_uppercase(),
+            location: self.region(),
             location_type: "zone".to_string(),
             custom_placement_config: Some(storage_layout::CustomPlacementConfig {
                 data_locations: vec![self.zone.clone()],

@@ -9,6 +9,7 @@
 
 mod content;
 mod control;
+mod directory;
 
 mod faults;
 mod listing;
@@ -17,6 +18,7 @@ mod read;
 mod service;
 mod stats;
 mod store;
+mod tree;
 mod unary;
 mod wire;
 mod write;
@@ -39,6 +41,9 @@ const STREAM_WINDOW: u32 = 32 * 1024 * 1024;
 const CONNECTION_WINDOW: u32 = 64 * 1024 * 1024;
 /// Largest gRPC message accepted or sent (a 2 MiB chunk plus framing, with room to spare).
 const MAX_MESSAGE: usize = 16 * 1024 * 1024;
+
+/// How long `Emulator::shutdown` lets open connections finish.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// How to run an emulator.
 #[derive(Debug, Clone, Default)]
@@ -72,10 +77,7 @@ impl Service {
             }
             (Some(root), false) => {
                 check_root(root)?;
-                anyhow::bail!(
-                    "the directory backend over {} is not built yet",
-                    root.display()
-                )
+                Box::new(directory::DirectoryBackend::new(root.clone())?)
             }
             (None, false) => anyhow::bail!("no backend: give a root directory or choose memory"),
         };
@@ -92,6 +94,16 @@ impl Service {
             },
             zone,
         })
+    }
+
+    /// The bucket location: the zone's region in upper case ("us-central1-a" -> "US-CENTRAL1");
+    /// the zone itself is in the custom placement's data locations.
+    fn region(&self) -> String {
+        let region = match self.zone.rsplit_once('-') {
+            Some((r, z)) if z.len() == 1 => r,
+            _ => self.zone.as_str(),
+        };
+        region.to_uppercase()
     }
 
     async fn run(
@@ -214,8 +226,15 @@ impl Emulator {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
-        if let Some(task) = self.task.take() {
-            let _ = task.await;
+        if let Some(mut task) = self.task.take() {
+            // Clients that keep idle connections open must not hold the shutdown forever.
+            if tokio::time::timeout(SHUTDOWN_GRACE, &mut task)
+                .await
+                .is_err()
+            {
+                task.abort();
+                let _ = task.await;
+            }
         }
     }
 }

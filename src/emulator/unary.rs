@@ -53,7 +53,7 @@ impl Service {
             etag: "1".to_string(),
             project: "projects/0".to_string(),
             metageneration: 1,
-            location: self.zone.to_uppercase(),
+            location: self.region(),
             location_type: "zone".to_string(),
             storage_class: "RAPID".to_string(),
             create_time: Some(timestamp(created)),

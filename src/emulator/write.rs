@@ -42,6 +42,18 @@ impl Service {
         &self,
         req: Request<Streaming<BidiWriteObjectRequest>>,
     ) -> Result<Response<WriteStream>, Status> {
+        let opened = self.open_write_stream(req).await;
+        if opened.is_err() {
+            // A failed open is a response too: it comes after the injected latency.
+            self.calls.delay().await;
+        }
+        opened
+    }
+
+    async fn open_write_stream(
+        &self,
+        req: Request<Streaming<BidiWriteObjectRequest>>,
+    ) -> Result<Response<WriteStream>, Status> {
         add(&self.calls.stats.write_streams, 1);
         let header_token = header_routing_token(req.metadata());
         let meta = req.metadata().clone();
@@ -258,13 +270,18 @@ impl Session {
         }
     }
 
-    fn sync(&self, writer: &mut ContentWriter) -> Result<(), Status> {
-        if writer.sync()? {
+    /// Syncs and, when the persisted size moved (or `force`), records the metadata durably.
+    fn sync_with(&self, writer: &mut ContentWriter, force: bool) -> Result<(), Status> {
+        if writer.sync()? || force {
             self.service
                 .store
                 .persist(&self.bucket, &self.name, &writer.content)?;
         }
         Ok(())
+    }
+
+    fn sync(&self, writer: &mut ContentWriter) -> Result<(), Status> {
+        self.sync_with(writer, false)
     }
 
     async fn handle(
@@ -317,7 +334,7 @@ impl Session {
                 }
                 if m.finish_write {
                     writer.finalize(expected_crc)?;
-                    self.sync(writer)?;
+                    self.sync_with(writer, true)?;
                     let entry = self.service.store.get(
                         &self.bucket,
                         &self.name,
@@ -352,7 +369,8 @@ impl Session {
                         )));
                     }
                     let skip = (segs.len() - offset).min(d.content.len() as u64) as usize;
-                    segs.push(d.content.slice(skip..));
+                    // Owned copy: see `ContentWriter::append`.
+                    segs.push(Bytes::copy_from_slice(&d.content[skip..]));
                 }
                 if m.finish_write {
                     if let Some(expected) = expected_crc {

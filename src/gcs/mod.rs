@@ -18,10 +18,11 @@ mod writer;
 
 pub use meta::{ListPage, ListRequest, ObjectMeta};
 pub use reader::BidiReader;
-pub use unary::BucketInfo;
+pub use unary::{BucketInfo, StorageLayout};
 pub use writer::AppendWriter;
 
 use crate::config::GcsConfig;
+use crate::proto::control::storage_control_client::StorageControlClient;
 use crate::proto::storage::storage_client::StorageClient;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -105,6 +106,12 @@ impl Client {
         StorageClient::new(self.inner.channels[i].clone())
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES)
+    }
+
+    /// A StorageControl stub on the next connection of the pool.
+    fn control_stub(&self) -> StorageControlClient<Channel> {
+        let i = self.inner.next.fetch_add(1, Ordering::Relaxed) % self.inner.channels.len();
+        StorageControlClient::new(self.inner.channels[i].clone())
     }
 
     /// Opens a BidiReadObject stream (spec-only first message, waits for metadata + handle).

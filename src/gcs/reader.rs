@@ -379,7 +379,7 @@ impl Session {
             if self.take_redirect(&status) {
                 continue;
             }
-            if !retry::is_retryable(status.code()) {
+            if !retry::is_transient(&status) {
                 return Err(retry::map_status(&status, &self.what));
             }
             if !backoff.wait().await {
@@ -519,7 +519,7 @@ impl Session {
             backoff.reset();
         }
         self.redirected = self.take_redirect(&s);
-        if !self.redirected && !retry::is_retryable(s.code()) {
+        if !self.redirected && !retry::is_transient(&s) {
             return Err(retry::map_status(&s, &self.what));
         }
         tracing::debug!(object = %self.what, code = ?s.code(), msg = s.message(), "read stream broke");
@@ -558,7 +558,7 @@ impl Session {
                 }
                 Err(s) => {
                     self.redirected = self.take_redirect(&s);
-                    if !self.redirected && !retry::is_retryable(s.code()) {
+                    if !self.redirected && !retry::is_transient(&s) {
                         return Err(retry::map_status(&s, &self.what));
                     }
                     self.last_error = Some(s);

@@ -23,6 +23,12 @@ pub(crate) fn is_retryable(code: Code) -> bool {
     )
 }
 
+/// A status worth another attempt: a transient code, or a broken connection (tonic reports
+/// those as UNKNOWN carrying the transport error as its source, not as a server's answer).
+pub(crate) fn is_transient(s: &Status) -> bool {
+    is_retryable(s.code()) || (s.code() == Code::Unknown && std::error::Error::source(s).is_some())
+}
+
 /// The typed detail `M` (full proto name `type_name`) of an ABORTED status, if it has one.
 pub(crate) fn redirect_detail<M: Message + Default>(status: &Status, type_name: &str) -> Option<M> {
     if status.code() != Code::Aborted || status.details().is_empty() {
@@ -46,7 +52,7 @@ pub(crate) fn map_status(status: &Status, what: &str) -> Error {
         Code::PermissionDenied | Code::Unauthenticated => Error::PermissionDenied(msg),
         Code::AlreadyExists => Error::AlreadyExists(msg),
         Code::DataLoss => Error::Checksum(msg),
-        c if is_retryable(c) => Error::Unavailable(format!("{msg} ({c:?})")),
+        _ if is_transient(status) => Error::Unavailable(format!("{msg} ({:?})", status.code())),
         c => Error::Other(format!("{msg} ({c:?})")),
     }
 }
@@ -135,7 +141,7 @@ where
             Ok(Err(s)) => s,
             Err(_) => Status::deadline_exceeded(format!("no answer within {per_call:?}")),
         };
-        if !is_retryable(status.code()) {
+        if !is_transient(&status) {
             return Err(map_status(&status, what));
         }
         attempt += 1;

@@ -4,6 +4,7 @@
 
 use super::meta::{ListPage, ListRequest, ObjectMeta};
 use super::{bucket_path, object_url, retry, routing, Client, Error, Result};
+use crate::proto::control as pb_control;
 use crate::proto::storage as pb;
 use futures::Stream;
 use std::time::Duration;
@@ -19,6 +20,17 @@ pub struct BucketInfo {
     pub location_type: String,
     /// Storage class (`RAPID` for Rapid buckets).
     pub storage_class: String,
+    /// Whether the hierarchical namespace is enabled.
+    pub hierarchical_namespace: bool,
+}
+
+/// Where a bucket's data lives (StorageControl.GetStorageLayout).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StorageLayout {
+    /// Location, e.g. `us-central1-a` for a zonal bucket.
+    pub location: String,
+    /// `zone` for Rapid (zonal) buckets.
+    pub location_type: String,
     /// Whether the hierarchical namespace is enabled.
     pub hierarchical_namespace: bool,
 }
@@ -162,7 +174,60 @@ impl Client {
     }
 }
 
+impl Client {
+    /// The bucket's storage layout: `location_type == "zone"` marks a Rapid bucket.
+    pub async fn get_storage_layout(&self, bucket: &str) -> Result<StorageLayout> {
+        let what = format!("gs://{bucket}");
+        let msg = pb_control::GetStorageLayoutRequest {
+            name: format!("{}/storageLayout", bucket_path(bucket)),
+            prefix: String::new(),
+            request_id: request_id(),
+        };
+        let l = retry::unary(self.config(), &what, |_| {
+            let req = routing::request(msg.clone(), bucket, None, Some(self.call_timeout()));
+            let mut stub = self.control_stub();
+            async move { stub.get_storage_layout(req.map_err(to_status)?).await }
+        })
+        .await?
+        .into_inner();
+        Ok(StorageLayout {
+            location: l.location,
+            location_type: l.location_type,
+            hierarchical_namespace: l.hierarchical_namespace.is_some_and(|h| h.enabled),
+        })
+    }
+}
+
+/// A random UUID4, so a retried control call is recognised as the same request.
+fn request_id() -> String {
+    let b: [u8; 16] = rand::random();
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    let variant = ["8", "9", "a", "b"][usize::from(b[8] >> 6)];
+    format!(
+        "{}-{}-4{}-{variant}{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[13..16],
+        &h[17..20],
+        &h[20..32]
+    )
+}
+
 /// A request that cannot even be built fails like a bad argument from the server would.
 pub(crate) fn to_status(e: Error) -> tonic::Status {
     tonic::Status::invalid_argument(e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn request_ids_are_uuid4() {
+        let id = super::request_id();
+        assert_eq!(id.len(), 36);
+        let parts: Vec<_> = id.split('-').map(str::len).collect();
+        assert_eq!(parts, [8, 4, 4, 4, 12]);
+        assert_eq!(&id[14..15], "4");
+        assert!("89ab".contains(&id[19..20]));
+        assert_ne!(id, super::request_id());
+    }
 }

@@ -53,6 +53,7 @@ struct Conn {
 
 /// One BidiWriteObject session on an appendable object. Keeps every unpersisted byte;
 /// resumes from persisted_size after a broken stream (takeover with the write handle).
+/// Dropping it without `flush`, `close` or `finalize` abandons what is not yet persisted.
 pub struct AppendWriter {
     client: Client,
     bucket: String,
@@ -332,7 +333,7 @@ impl AppendWriter {
                 }
                 continue;
             }
-            if !retry::is_retryable(s.code()) {
+            if !retry::is_transient(&s) {
                 return Err(retry::map_status(&s, &self.what));
             }
             if !self.backoff.wait().await {
@@ -598,7 +599,7 @@ impl AppendWriter {
                     let e = Error::Fenced(format!("{}: {}", self.what, s.message()));
                     return Err(self.die(e));
                 }
-                if !retry::is_retryable(s.code()) {
+                if !retry::is_transient(&s) {
                     return Err(self.die(retry::map_status(&s, &self.what)));
                 }
                 if !self.backoff.wait().await {

@@ -331,3 +331,44 @@ pub async fn read_all(c: &mut StorageClient<Channel>, bucket: &str, name: &str) 
     let (mut got, _) = collect(&mut s, &[1]).await.unwrap();
     got.remove(&1).unwrap_or_default()
 }
+
+/// A `rapidfs emulator` child process and the endpoint it printed.
+pub struct Spawned {
+    pub child: std::process::Child,
+    pub endpoint: String,
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Spawns `rapidfs emulator ARGS` and waits (at most 20 s) for its endpoint line.
+pub fn spawn_emulator(args: &[&str]) -> Spawned {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_rapidfs"))
+        .arg("emulator")
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn rapidfs");
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = std::io::BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let line = rx
+        .recv_timeout(std::time::Duration::from_secs(20))
+        .expect("the emulator printed no endpoint line within 20 s");
+    let endpoint = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("no endpoint in {line:?}"))
+        .to_string();
+    Spawned { child, endpoint }
+}

@@ -1,0 +1,481 @@
+//! The directory backend: every non-hidden sub-directory of the root is a bucket, every file
+//! an object named by its relative path, every directory a folder. Files changed on disk
+//! behind our back are noticed (a new size or mtime is a new generation). Object metadata
+//! (generation, metageneration, finalized or not, CRC32C, persisted size) lives in
+//! `ROOT/.rapidfs-emulator/buckets/BUCKET.json`, written atomically (temp + fsync + rename)
+//! before any size is acknowledged, so it survives a restart. New generations are written
+//! beside the tree and renamed into place, so readers of the old one keep their bytes.
+//! Touches only files under the root.
+
+use super::content::{Content, Data, Segments, WriteState};
+use super::store::{micros, Backend, BucketState, Entry, Stamp, Store};
+use super::tree::{bucket_dirs, walk};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashSet};
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tonic::Status;
+
+/// The hidden directory holding metadata and temporary files.
+const META_DIR: &str = ".rapidfs-emulator";
+
+/// Objects as files under a root directory.
+pub(crate) struct DirectoryBackend {
+    root: PathBuf,
+    meta: PathBuf,
+    tmp: PathBuf,
+    tmp_counter: AtomicU64,
+}
+
+/// What the metadata file keeps of one object.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Record {
+    generation: i64,
+    metageneration: i64,
+    /// Persisted (acknowledged) size.
+    size: u64,
+    crc32c: Option<u32>,
+    /// Microseconds since the epoch; absent = unfinalized (appendable).
+    finalized_us: Option<i64>,
+    create_us: i64,
+    update_us: i64,
+    /// The file's size and mtime (ns) when last seen, for finalized objects.
+    stamp: Option<(u64, i128)>,
+}
+
+/// The metadata file of one bucket.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct BucketFile {
+    objects: BTreeMap<String, Record>,
+}
+
+fn io_status(what: &str, path: &Path, e: io::Error) -> Status {
+    let msg = format!("{what} {}: {e}", path.display());
+    match e.kind() {
+        io::ErrorKind::NotFound => Status::not_found(msg),
+        io::ErrorKind::AlreadyExists => Status::already_exists(msg),
+        io::ErrorKind::PermissionDenied => Status::permission_denied(msg),
+        io::ErrorKind::DirectoryNotEmpty => Status::failed_precondition(msg),
+        io::ErrorKind::IsADirectory | io::ErrorKind::NotADirectory => {
+            Status::failed_precondition(msg)
+        }
+        _ => Status::internal(msg),
+    }
+}
+
+fn from_us(us: i64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_micros(us.max(0) as u64)
+}
+
+fn stamp_of(meta: &fs::Metadata) -> Stamp {
+    (
+        meta.len(),
+        meta.mtime() as i128 * 1_000_000_000 + meta.mtime_nsec() as i128,
+    )
+}
+
+fn fsync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+impl DirectoryBackend {
+    /// A backend over `root` (which must exist).
+    pub fn new(root: PathBuf) -> anyhow::Result<DirectoryBackend> {
+        let meta = root.join(META_DIR);
+        let tmp = meta.join("tmp");
+        fs::create_dir_all(meta.join("buckets"))
+            .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", meta.display()))?;
+        // Leftovers of a crash were never acknowledged.
+        let _ = fs::remove_dir_all(&tmp);
+        fs::create_dir_all(&tmp)
+            .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", tmp.display()))?;
+        Ok(DirectoryBackend {
+            root,
+            meta,
+            tmp,
+            tmp_counter: AtomicU64::new(0),
+        })
+    }
+
+    fn path(&self, bucket: &str, name: &str) -> PathBuf {
+        self.root.join(bucket).join(name)
+    }
+
+    fn meta_file(&self, bucket: &str) -> PathBuf {
+        self.meta.join("buckets").join(format!("{bucket}.json"))
+    }
+
+    fn temp_path(&self) -> PathBuf {
+        let n = self.tmp_counter.fetch_add(1, Ordering::Relaxed);
+        self.tmp.join(format!("{}-{n}", std::process::id()))
+    }
+
+    /// Creates the parent directories of `path` (folders of the bucket).
+    fn make_parents(&self, path: &Path) -> Result<(), Status> {
+        if let Some(parent) = path.parent() {
+            fs::create_dir_all(parent).map_err(|e| io_status("create directory", parent, e))?;
+        }
+        Ok(())
+    }
+
+    /// Renames a finished temporary file onto `dest` durably.
+    fn install(&self, tmp: &Path, dest: &Path) -> Result<(), Status> {
+        self.make_parents(dest)?;
+        if dest.is_dir() {
+            let _ = fs::remove_file(tmp);
+            return Err(Status::failed_precondition(format!(
+                "{} is a directory (a folder is in the way)",
+                dest.display()
+            )));
+        }
+        fs::rename(tmp, dest).map_err(|e| io_status("rename into", dest, e))?;
+        if let Some(parent) = dest.parent() {
+            fsync_dir(parent).map_err(|e| io_status("fsync", parent, e))?;
+        }
+        Ok(())
+    }
+
+    fn read_bucket_file(&self, bucket: &str) -> anyhow::Result<BucketFile> {
+        let path = self.meta_file(bucket);
+        match fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map_err(|e| anyhow::anyhow!("corrupt metadata file {}: {e}", path.display())),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(BucketFile::default()),
+            Err(e) => Err(anyhow::anyhow!("cannot read {}: {e}", path.display())),
+        }
+    }
+
+    /// A finalized entry for a file found on disk (its checksum is not computed).
+    fn found_entry(&self, store: &Store, path: PathBuf, meta: &fs::Metadata) -> Entry {
+        let now = SystemTime::now();
+        let mtime = meta.modified().unwrap_or(now);
+        Entry {
+            content: Content::new(
+                store.next_generation(),
+                Data::File(path),
+                WriteState::finalized(meta.len(), None, mtime),
+            ),
+            metageneration: 1,
+            create_time: mtime,
+            stamp: Some(stamp_of(meta)),
+        }
+    }
+
+    /// Brings the entry of `name` in line with the file seen; true when it changed.
+    fn reconcile_file(
+        &self,
+        store: &Store,
+        state: &mut BucketState,
+        name: &str,
+        path: PathBuf,
+        meta: &fs::Metadata,
+    ) -> bool {
+        let seen = stamp_of(meta);
+        if let Some(e) = state.objects.get_mut(name) {
+            let finalized = e.content.state().finalized.is_some();
+            // Unfinalized objects belong to their writer: their files change under us by design.
+            if !finalized || e.stamp == Some(seen) {
+                return false;
+            }
+            if e.stamp.is_none() {
+                e.stamp = Some(seen);
+                return true;
+            }
+        }
+        let entry = self.found_entry(store, path, meta);
+        if let Some(old) = state.objects.insert(name.to_string(), entry) {
+            old.content.state().gone = true;
+        }
+        true
+    }
+
+    fn forget(state: &mut BucketState, name: &str) -> bool {
+        match state.objects.remove(name) {
+            Some(old) => {
+                old.content.state().gone = true;
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// The directory to walk for `prefix` ("a/b/c" -> "a/b/") and its relative name.
+fn walk_base(prefix: &str) -> &str {
+    match prefix.rfind('/') {
+        Some(i) => &prefix[..=i],
+        None => "",
+    }
+}
+
+impl Backend for DirectoryBackend {
+    fn check_name(&self, name: &str) -> Result<(), Status> {
+        let refuse = |why: &str| {
+            Err(Status::invalid_argument(format!(
+                "object name {name:?} cannot be stored in the directory backend: {why}"
+            )))
+        };
+        if name.contains('\0') {
+            return refuse("it contains NUL");
+        }
+        if name.starts_with('/') {
+            return refuse("it is an absolute path");
+        }
+        for seg in name.split('/') {
+            match seg {
+                "" => return refuse("it has an empty path segment"),
+                "." | ".." => return refuse("it has a '.' or '..' segment"),
+                s if s.len() > 255 => return refuse("a path segment is longer than 255 bytes"),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn load(&self, store: &Store) -> anyhow::Result<BTreeMap<String, BucketState>> {
+        let mut out = BTreeMap::new();
+        for bucket in bucket_dirs(&self.root)? {
+            let file = self.read_bucket_file(&bucket)?;
+            let now = SystemTime::now();
+            let mut state = BucketState::new(now);
+            let (mut files, mut folders) = (Vec::new(), Vec::new());
+            walk(&self.root.join(&bucket), "", &mut files, &mut folders)?;
+            for f in folders {
+                state.folders.insert(f, now);
+            }
+            for (name, path) in files {
+                let meta = fs::metadata(&path)?;
+                let Some(rec) = file.objects.get(&name) else {
+                    let e = self.found_entry(store, path, &meta);
+                    state.objects.insert(name, e);
+                    continue;
+                };
+                let unfinalized = rec.finalized_us.is_none();
+                if unfinalized && meta.len() > rec.size {
+                    // Bytes past the acknowledged size were never persisted as far as any
+                    // client knows: drop them so the size and checksum agree.
+                    OpenOptions::new()
+                        .write(true)
+                        .open(&path)?
+                        .set_len(rec.size)?;
+                }
+                let meta = fs::metadata(&path)?;
+                let same = rec.stamp == Some(stamp_of(&meta));
+                if !unfinalized && !same || unfinalized && meta.len() < rec.size {
+                    let e = self.found_entry(store, path, &meta);
+                    state.objects.insert(name, e);
+                    continue;
+                }
+                let mut ws = WriteState::finalized(rec.size, rec.crc32c, from_us(rec.update_us));
+                ws.finalized = rec.finalized_us.map(from_us);
+                state.objects.insert(
+                    name,
+                    Entry {
+                        content: Content::new(rec.generation, Data::File(path), ws),
+                        metageneration: rec.metageneration,
+                        create_time: from_us(rec.create_us),
+                        stamp: rec.stamp,
+                    },
+                );
+            }
+            self.save(&bucket, &state)
+                .map_err(|s| anyhow::anyhow!("{}", s.message()))?;
+            out.insert(bucket, state);
+        }
+        Ok(out)
+    }
+
+    fn refresh(
+        &self,
+        store: &Store,
+        bucket: &str,
+        state: &mut BucketState,
+        prefix: &str,
+    ) -> Result<bool, Status> {
+        let base = walk_base(prefix);
+        let dir = self.root.join(bucket).join(base);
+        let (mut files, mut folders) = (Vec::new(), Vec::new());
+        walk(&dir, base, &mut files, &mut folders).map_err(|e| io_status("list", &dir, e))?;
+        if !base.is_empty() && dir.is_dir() {
+            folders.push(base.to_string());
+        }
+        let mut changed = false;
+        let mut seen = HashSet::new();
+        for (name, path) in files {
+            if !name.starts_with(prefix) {
+                continue;
+            }
+            let Ok(meta) = fs::metadata(&path) else {
+                continue;
+            };
+            changed |= self.reconcile_file(store, state, &name, path, &meta);
+            seen.insert(name);
+        }
+        let stale: Vec<String> = state
+            .objects
+            .range(prefix.to_string()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .filter(|(k, _)| !seen.contains(*k))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for name in stale {
+            changed |= Self::forget(state, &name);
+        }
+        let found: HashSet<String> = folders
+            .into_iter()
+            .filter(|f| f.starts_with(prefix))
+            .collect();
+        let gone: Vec<String> = state
+            .folders
+            .range(prefix.to_string()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .filter(|(k, _)| !found.contains(*k))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for f in gone {
+            state.folders.remove(&f);
+        }
+        for f in found {
+            state.folders.entry(f).or_insert_with(SystemTime::now);
+        }
+        Ok(changed)
+    }
+
+    fn refresh_one(
+        &self,
+        store: &Store,
+        bucket: &str,
+        state: &mut BucketState,
+        name: &str,
+    ) -> Result<bool, Status> {
+        if self.check_name(name).is_err() {
+            return Ok(false);
+        }
+        let path = self.path(bucket, name);
+        match fs::metadata(&path) {
+            Ok(meta) if meta.is_file() => Ok(self.reconcile_file(store, state, name, path, &meta)),
+            Ok(_) => Ok(Self::forget(state, name)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Self::forget(state, name)),
+            Err(e) => Err(io_status("stat", &path, e)),
+        }
+    }
+
+    fn create_bucket(&self, bucket: &str) -> Result<(), Status> {
+        let dir = self.root.join(bucket);
+        fs::create_dir_all(&dir).map_err(|e| io_status("create bucket directory", &dir, e))
+    }
+
+    fn new_appendable(&self, bucket: &str, name: &str) -> Result<Data, Status> {
+        let tmp = self.temp_path();
+        File::create(&tmp).map_err(|e| io_status("create", &tmp, e))?;
+        let dest = self.path(bucket, name);
+        self.install(&tmp, &dest)?;
+        Ok(Data::File(dest))
+    }
+
+    fn materialize(
+        &self,
+        bucket: &str,
+        name: &str,
+        segs: Arc<RwLock<Segments>>,
+    ) -> Result<Data, Status> {
+        let tmp = self.temp_path();
+        let write = || -> io::Result<()> {
+            let mut f = File::create(&tmp)?;
+            let segs = match segs.read() {
+                Ok(s) => s,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            for s in segs.iter() {
+                f.write_all(s)?;
+            }
+            f.sync_all()
+        };
+        write().map_err(|e| io_status("write", &tmp, e))?;
+        let dest = self.path(bucket, name);
+        self.install(&tmp, &dest)?;
+        Ok(Data::File(dest))
+    }
+
+    fn remove(&self, bucket: &str, name: &str) -> Result<(), Status> {
+        let path = self.path(bucket, name);
+        match fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io_status("remove", &path, e)),
+        }
+    }
+
+    fn rename(&self, bucket: &str, from: &str, to: &str, _data: &Data) -> Result<Data, Status> {
+        let src = self.path(bucket, from);
+        let dest = self.path(bucket, to);
+        self.install(&src, &dest)?;
+        Ok(Data::File(dest))
+    }
+
+    fn create_folder(&self, bucket: &str, folder: &str) -> Result<(), Status> {
+        let dir = self.path(bucket, folder.trim_end_matches('/'));
+        fs::create_dir_all(&dir).map_err(|e| io_status("create folder", &dir, e))
+    }
+
+    fn delete_folder(&self, bucket: &str, folder: &str) -> Result<(), Status> {
+        let dir = self.path(bucket, folder.trim_end_matches('/'));
+        fs::remove_dir(&dir).map_err(|e| io_status("remove folder", &dir, e))
+    }
+
+    fn rename_folder(&self, bucket: &str, from: &str, to: &str) -> Result<(), Status> {
+        let src = self.path(bucket, from.trim_end_matches('/'));
+        let dest = self.path(bucket, to.trim_end_matches('/'));
+        self.make_parents(&dest)?;
+        fs::rename(&src, &dest).map_err(|e| io_status("rename folder to", &dest, e))
+    }
+
+    fn data_for(&self, bucket: &str, name: &str, _old: &Data) -> Data {
+        Data::File(self.path(bucket, name))
+    }
+
+    fn save(&self, bucket: &str, state: &BucketState) -> Result<(), Status> {
+        let mut file = BucketFile::default();
+        for (name, e) in &state.objects {
+            let st = e.content.state();
+            file.objects.insert(
+                name.clone(),
+                Record {
+                    generation: e.content.generation,
+                    metageneration: e.metageneration,
+                    size: st.persisted,
+                    crc32c: st.crc_known.then_some(st.persisted_crc),
+                    finalized_us: st.finalized.map(micros),
+                    create_us: micros(e.create_time),
+                    update_us: micros(st.update_time),
+                    stamp: e.stamp,
+                },
+            );
+        }
+        let bytes = serde_json::to_vec(&file)
+            .map_err(|e| Status::internal(format!("cannot encode metadata: {e}")))?;
+        let tmp = self.temp_path();
+        let write = || -> io::Result<()> {
+            let mut f = File::create(&tmp)?;
+            f.write_all(&bytes)?;
+            f.sync_all()
+        };
+        write().map_err(|e| io_status("write", &tmp, e))?;
+        let dest = self.meta_file(bucket);
+        fs::rename(&tmp, &dest).map_err(|e| io_status("rename into", &dest, e))?;
+        let dir = self.meta.join("buckets");
+        fsync_dir(&dir).map_err(|e| io_status("fsync", &dir, e))
+    }
+
+    fn stamp(&self, data: &Data) -> Option<Stamp> {
+        match data {
+            Data::File(path) => fs::metadata(path).ok().map(|m| stamp_of(&m)),
+            Data::Mem(_) => None,
+        }
+    }
+}

@@ -1,0 +1,191 @@
+//! Client write path against the in-process emulator: appends with flushes, close and
+//! takeover, fencing of the first writer, and resuming through cuts, redirects and
+//! UNAVAILABLE with nothing lost or duplicated.
+
+mod client_common;
+
+use bytes::Bytes;
+use client_common::*;
+use futures::StreamExt;
+use rapidfs::emulator::Faults;
+use rapidfs::gcs::{Client, Error};
+
+async fn read_all(c: &Client, name: &str) -> Vec<u8> {
+    let r = c.open_reader(BUCKET, name, None).await.unwrap();
+    let mut out = Vec::with_capacity(r.metadata().size as usize);
+    let mut s = Box::pin(r.read_stream(0, r.metadata().size));
+    while let Some(chunk) = s.next().await {
+        out.extend_from_slice(&chunk.unwrap());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_with_flushes_then_finalize() {
+    let emu = emulator(Faults::default()).await;
+    let c = client(&emu).await;
+    let mut w = c.create_appendable(BUCKET, "log", Some(0)).await.unwrap();
+    assert!(w.generation() > 0);
+    let src = data(9 * MIB + 123, 7);
+    let mut off = 0;
+    for len in [1usize, 4096, 3 * MIB, 5 * MIB, 100] {
+        w.append(src.slice(off..off + len)).await.unwrap();
+        off += len;
+        assert_eq!(w.flush().await.unwrap(), off as u64);
+        assert_eq!(w.persisted(), off as u64);
+        // Readable while unfinalized, up to what is persisted.
+        let m = c.get_object(BUCKET, "log").await.unwrap();
+        assert_eq!((m.size, m.finalized), (off as u64, false));
+    }
+    w.append(src.slice(off..)).await.unwrap();
+    assert_eq!(w.written(), src.len() as u64);
+    let m = w.finalize().await.unwrap();
+    assert!(m.finalized);
+    assert_eq!(m.size, src.len() as u64);
+    assert_eq!(m.crc32c, Some(crc32c::crc32c(&src)));
+    assert!(read_all(&c, "log").await == src);
+    // Create-only refuses an existing object.
+    assert!(matches!(
+        c.create_appendable(BUCKET, "log", Some(0)).await,
+        Err(Error::PreconditionFailed(_))
+    ));
+    assert_eq!(emu.stats().missing_routing_header, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_keeps_the_object_appendable_for_a_later_writer() {
+    let emu = emulator(Faults::default()).await;
+    let c = client(&emu).await;
+    let a = data(3 * MIB, 8);
+    let b = data(MIB + 7, 9);
+    let mut w = c.create_appendable(BUCKET, "f", None).await.unwrap();
+    let generation = w.generation();
+    w.append(a.clone()).await.unwrap();
+    let m = w.close().await.unwrap();
+    assert_eq!(
+        (m.size, m.finalized, m.generation),
+        (a.len() as u64, false, generation)
+    );
+
+    let mut w = c.open_appendable(BUCKET, "f", generation).await.unwrap();
+    assert_eq!(w.written(), a.len() as u64);
+    assert_eq!(w.persisted(), a.len() as u64);
+    w.append(b.clone()).await.unwrap();
+    let m = w.finalize().await.unwrap();
+    assert_eq!(m.size, (a.len() + b.len()) as u64);
+    let mut want = a.to_vec();
+    want.extend_from_slice(&b);
+    assert!(read_all(&c, "f").await == want);
+    assert_eq!(emu.stats().missing_routing_header, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_fences_the_first_writer() {
+    let emu = emulator(Faults::default()).await;
+    let c = client(&emu).await;
+    let mut w1 = c.create_appendable(BUCKET, "t", None).await.unwrap();
+    w1.append(Bytes::from_static(b"first ")).await.unwrap();
+    w1.flush().await.unwrap();
+
+    let mut w2 = c
+        .open_appendable(BUCKET, "t", w1.generation())
+        .await
+        .unwrap();
+    assert_eq!(w2.written(), 6);
+
+    let fenced = async {
+        w1.append(Bytes::from_static(b"stale")).await?;
+        w1.flush().await
+    }
+    .await;
+    assert!(matches!(&fenced, Err(Error::Fenced(_))), "{fenced:?}");
+    // And it stays fenced.
+    assert!(matches!(w1.flush().await, Err(Error::Fenced(_))));
+
+    w2.append(Bytes::from_static(b"second")).await.unwrap();
+    w2.finalize().await.unwrap();
+    assert_eq!(read_all(&c, "t").await, b"first second");
+    assert_eq!(emu.stats().missing_routing_header, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cuts_every_5_mib_while_256_mib_are_appended() {
+    let emu = emulator(Faults {
+        cut_write_after_bytes: Some(5 * MIB as u64),
+        ..Faults::default()
+    })
+    .await;
+    let c = client(&emu).await;
+    let size = 256 * MIB;
+    let src = data(size, 10);
+    let mut w = c.create_appendable(BUCKET, "cut", None).await.unwrap();
+    for piece in src.chunks(MIB) {
+        w.append(src.slice_ref(piece)).await.unwrap();
+    }
+    let m = w.finalize().await.unwrap();
+    assert_eq!(m.size, size as u64);
+    assert_eq!(m.crc32c, Some(crc32c::crc32c(&src)));
+
+    let st = emu.stats();
+    let cuts = st.write_streams - 1;
+    assert!(cuts >= 50, "{cuts} cuts for 256 MiB at 5 MiB each");
+    assert!(
+        st.bytes_received <= (size + cuts as usize * 2 * MIB) as u64,
+        "received {} bytes for {size} with {cuts} cuts",
+        st.bytes_received
+    );
+    assert!(read_all(&c, "cut").await == src);
+    assert_eq!(emu.stats().missing_routing_header, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_survive_redirects_and_unavailable() {
+    let emu = emulator(Faults {
+        cut_write_after_bytes: Some(3 * MIB as u64),
+        redirect_every: Some(3),
+        unavailable_every: Some(4),
+        ..Faults::default()
+    })
+    .await;
+    let c = client(&emu).await;
+    let src = data(40 * MIB + 5, 11);
+    let mut w = c.create_appendable(BUCKET, "r", None).await.unwrap();
+    for (i, piece) in src.chunks(700_000).enumerate() {
+        w.append(src.slice_ref(piece)).await.unwrap();
+        if i % 9 == 0 {
+            assert_eq!(w.flush().await.unwrap(), w.written());
+        }
+    }
+    let m = w.close().await.unwrap();
+    assert_eq!(m.size, src.len() as u64);
+    emu.set_faults(Faults::default());
+    assert!(read_all(&c, "r").await == src);
+    assert_eq!(emu.stats().missing_routing_header, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unpersisted_bytes_stay_within_the_write_buffer() {
+    let emu = emulator(Faults {
+        latency_us: 2_000,
+        ..Faults::default()
+    })
+    .await;
+    let mut cfg = config(emu.endpoint());
+    cfg.write_buffer_kb = 4 * 1024;
+    let cap = cfg.write_buffer_kb * 1024;
+    let c = Client::connect(&cfg).await.unwrap();
+    let src = data(40 * MIB, 12);
+    let mut w = c.create_appendable(BUCKET, "bounded", None).await.unwrap();
+    for piece in src.chunks(MIB) {
+        w.append(src.slice_ref(piece)).await.unwrap();
+        assert!(
+            w.written() - w.persisted() <= cap,
+            "{} unpersisted bytes, cap {cap}",
+            w.written() - w.persisted()
+        );
+    }
+    assert!(w.persisted() > 0, "the writer learned progress on its own");
+    let m = w.close().await.unwrap();
+    assert_eq!(m.size, src.len() as u64);
+    assert!(read_all(&c, "bounded").await == src);
+}

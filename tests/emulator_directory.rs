@@ -1,0 +1,348 @@
+//! The directory backend: an existing tree served as buckets, changes on disk noticed,
+//! metadata surviving a restart (generations, unfinalized state), persisted size only for
+//! fsynced bytes, folders as directories, and names that would escape the root refused.
+
+mod emulator_support;
+
+use bytes::Bytes;
+use emulator_support::*;
+use rapidfs::proto::control::{CreateFolderRequest, DeleteFolderRequest, RenameFolderRequest};
+use rapidfs::proto::storage::{
+    DeleteObjectRequest, GetObjectRequest, ListObjectsRequest, MoveObjectRequest, Object,
+};
+use std::time::Duration;
+use tonic::Code;
+
+async fn get(
+    c: &mut rapidfs::proto::storage::storage_client::StorageClient<tonic::transport::Channel>,
+    bucket: &str,
+    name: &str,
+) -> Result<Object, tonic::Status> {
+    c.get_object(routed(
+        bucket,
+        GetObjectRequest {
+            bucket: bpath(bucket),
+            object: name.into(),
+            ..Default::default()
+        },
+    ))
+    .await
+    .map(|r| r.into_inner())
+}
+
+async fn names(
+    c: &mut rapidfs::proto::storage::storage_client::StorageClient<tonic::transport::Channel>,
+    bucket: &str,
+) -> Vec<String> {
+    c.list_objects(routed(
+        bucket,
+        ListObjectsRequest {
+            parent: bpath(bucket),
+            ..Default::default()
+        },
+    ))
+    .await
+    .unwrap()
+    .into_inner()
+    .objects
+    .into_iter()
+    .map(|o| o.name)
+    .collect()
+}
+
+#[tokio::test]
+async fn serves_an_existing_tree_and_notices_changes_on_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("data/sub")).unwrap();
+    std::fs::create_dir_all(dir.path().join(".hidden")).unwrap();
+    std::fs::write(dir.path().join("data/a.txt"), b"alpha").unwrap();
+    std::fs::write(dir.path().join("data/sub/b.bin"), pattern(3 << 20, 1)).unwrap();
+    let emu = directory(dir.path()).await;
+    let mut c = client(&emu).await;
+    assert_eq!(names(&mut c, "data").await, ["a.txt", "sub/b.bin"]);
+    assert_eq!(
+        read_all(&mut c, "data", "sub/b.bin").await,
+        pattern(3 << 20, 1)[..]
+    );
+    let e = get(&mut c, ".hidden", "x").await.unwrap_err();
+    assert_eq!(
+        e.code(),
+        Code::InvalidArgument,
+        "hidden directories are not buckets"
+    );
+    let g1 = get(&mut c, "data", "a.txt").await.unwrap().generation;
+    assert_eq!(
+        get(&mut c, "data", "a.txt").await.unwrap().generation,
+        g1,
+        "stable"
+    );
+
+    // Changed, added and removed behind the emulator's back.
+    std::fs::write(dir.path().join("data/a.txt"), b"alpha, longer").unwrap();
+    std::fs::write(dir.path().join("data/new.txt"), b"new").unwrap();
+    std::fs::remove_file(dir.path().join("data/sub/b.bin")).unwrap();
+    let o = get(&mut c, "data", "a.txt").await.unwrap();
+    assert!(o.generation > g1, "a changed file is a new generation");
+    assert_eq!(o.size, 13);
+    assert_eq!(read_all(&mut c, "data", "a.txt").await, b"alpha, longer");
+    assert_eq!(names(&mut c, "data").await, ["a.txt", "new.txt"]);
+    assert_eq!(
+        get(&mut c, "data", "sub/b.bin").await.unwrap_err().code(),
+        Code::NotFound
+    );
+    // Same size, new mtime: a new generation too.
+    let g2 = o.generation;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    std::fs::write(dir.path().join("data/a.txt"), b"ALPHA, LONGER").unwrap();
+    assert!(get(&mut c, "data", "a.txt").await.unwrap().generation > g2);
+    // The metadata directory is not a bucket and not listed.
+    assert!(dir.path().join(".rapidfs-emulator").is_dir());
+}
+
+#[tokio::test]
+async fn restart_keeps_objects_generations_and_unfinalized_state() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("b")).unwrap();
+    let data = pattern(3 << 20, 2);
+    let (g_put, g_app, handle);
+    {
+        let emu = directory(dir.path()).await;
+        g_put = emu
+            .put_object("b", "done/x", Bytes::from_static(b"final"))
+            .unwrap();
+        let mut c = client(&emu).await;
+        let mut w = open_write(&mut c, "b", create_msg("b", "log", Some(0)), true)
+            .await
+            .unwrap();
+        let (o, h) = resource_of(w.first.as_ref().unwrap());
+        g_app = o.generation;
+        handle = h;
+        w.tx.send(data_msg(0, data.slice(..2 << 20))).await.unwrap();
+        // Not yet fsynced: not reported, not readable.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(get(&mut c, "b", "log").await.unwrap().size, 0);
+        w.tx.send(lookup_msg(2 << 20)).await.unwrap();
+        assert_eq!(
+            persisted_of(&w.rx.message().await.unwrap().unwrap()),
+            2 << 20
+        );
+        w.half_close();
+        assert_eq!(
+            persisted_of(&w.rx.message().await.unwrap().unwrap()),
+            2 << 20
+        );
+        emu.shutdown().await;
+    }
+    {
+        let emu = directory(dir.path()).await;
+        let mut c = client(&emu).await;
+        let o = get(&mut c, "b", "done/x").await.unwrap();
+        assert_eq!(o.generation, g_put);
+        assert!(o.finalize_time.is_some());
+        assert_eq!(o.checksums.unwrap().crc32c, Some(crc32c::crc32c(b"final")));
+        let o = get(&mut c, "b", "log").await.unwrap();
+        assert_eq!(o.generation, g_app);
+        assert_eq!(o.size, 2 << 20);
+        assert!(
+            o.finalize_time.is_none(),
+            "still unfinalized after a restart"
+        );
+        assert_eq!(read_all(&mut c, "b", "log").await, data[..2 << 20]);
+        // A reconnect with the old handle works after a restart; then finalize.
+        let mut w = open_write(
+            &mut c,
+            "b",
+            append_msg("b", "log", g_app, Some(handle), 2 << 20),
+            true,
+        )
+        .await
+        .unwrap();
+        assert_eq!(resource_of(w.first.as_ref().unwrap()).0.size, 2 << 20);
+        w.tx.send(data_msg(2 << 20, data.slice(2 << 20..)))
+            .await
+            .unwrap();
+        w.tx.send(finish_msg(3 << 20, crc32c::crc32c(&data)))
+            .await
+            .unwrap();
+        w.rx.message().await.unwrap().unwrap();
+        emu.shutdown().await;
+    }
+    let emu = directory(dir.path()).await;
+    let mut c = client(&emu).await;
+    let o = get(&mut c, "b", "log").await.unwrap();
+    assert_eq!((o.generation, o.size), (g_app, 3 << 20));
+    assert!(o.finalize_time.is_some());
+    assert_eq!(o.checksums.unwrap().crc32c, Some(crc32c::crc32c(&data)));
+    assert_eq!(read_all(&mut c, "b", "log").await, data[..]);
+    assert_eq!(std::fs::read(dir.path().join("b/log")).unwrap(), data[..]);
+}
+
+#[tokio::test]
+async fn names_escaping_the_root_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("b")).unwrap();
+    let emu = directory(dir.path()).await;
+    emu.put_object("b", "ok", Bytes::from_static(b"x")).unwrap();
+    let mut c = client(&emu).await;
+    for bad in [
+        "../escape",
+        "a/../../escape",
+        "/abs",
+        "a//b",
+        "a/./b",
+        "trailing/",
+        "nul\0",
+    ] {
+        let e = open_write(&mut c, "b", create_msg("b", bad, None), true)
+            .await
+            .err();
+        assert_eq!(e.map(|e| e.code()), Some(Code::InvalidArgument), "{bad:?}");
+        assert!(emu.put_object("b", bad, Bytes::new()).is_err());
+    }
+    let e = c
+        .move_object(routed(
+            "b",
+            MoveObjectRequest {
+                bucket: bpath("b"),
+                source_object: "ok".into(),
+                destination_object: "../../x".into(),
+                ..Default::default()
+            },
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    let e = get(&mut c, "..", "x").await.unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(!dir.path().join("escape").exists());
+    assert!(!dir.path().parent().unwrap().join("escape").exists());
+}
+
+#[tokio::test]
+async fn folders_are_directories_and_writes_replace_files() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("b")).unwrap();
+    let emu = directory(dir.path()).await;
+    let mut ctl = control(&emu).await;
+    ctl.create_folder(routed(
+        "b",
+        CreateFolderRequest {
+            parent: bpath("b"),
+            folder_id: "x/y/".into(),
+            recursive: true,
+            ..Default::default()
+        },
+    ))
+    .await
+    .unwrap();
+    assert!(dir.path().join("b/x/y").is_dir());
+    emu.put_object("b", "x/y/f", Bytes::from_static(b"one"))
+        .unwrap();
+    ctl.rename_folder(routed(
+        "b",
+        RenameFolderRequest {
+            name: format!("{}/folders/x/", bpath("b")),
+            destination_folder_id: "z/".into(),
+            ..Default::default()
+        },
+    ))
+    .await
+    .unwrap();
+    assert_eq!(std::fs::read(dir.path().join("b/z/y/f")).unwrap(), b"one");
+    let mut c = client(&emu).await;
+    assert_eq!(read_all(&mut c, "b", "z/y/f").await, b"one");
+    // A reader of the old generation keeps its bytes when the object is replaced.
+    let mut s = open_read(&mut c, spec("b", "z/y/f"), vec![]).await.unwrap();
+    emu.put_object("b", "z/y/f", Bytes::from_static(b"two!"))
+        .unwrap();
+    s.tx.send(rapidfs::proto::storage::BidiReadObjectRequest {
+        read_object_spec: None,
+        read_ranges: vec![range(1, 0, 0)],
+    })
+    .await
+    .unwrap();
+    let (got, _) = collect(&mut s, &[1]).await.unwrap();
+    assert_eq!(got[&1], b"one");
+    assert_eq!(read_all(&mut c, "b", "z/y/f").await, b"two!");
+    c.delete_object(routed(
+        "b",
+        DeleteObjectRequest {
+            bucket: bpath("b"),
+            object: "z/y/f".into(),
+            ..Default::default()
+        },
+    ))
+    .await
+    .unwrap();
+    assert!(!dir.path().join("b/z/y/f").exists());
+    ctl.delete_folder(routed(
+        "b",
+        DeleteFolderRequest {
+            name: format!("{}/folders/z/y/", bpath("b")),
+            ..Default::default()
+        },
+    ))
+    .await
+    .unwrap();
+    assert!(!dir.path().join("b/z/y").exists());
+    // An object where a folder is: refused.
+    let e = open_write(&mut c, "b", create_msg("b", "z", None), true)
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(e.code(), Code::FailedPrecondition);
+}
+
+#[tokio::test]
+async fn listing_shows_directories_as_prefixes_and_empty_ones_as_folders() {
+    let dir = tempfile::tempdir().unwrap();
+    for d in ["b/a/deep", "b/empty", "b/c"] {
+        std::fs::create_dir_all(dir.path().join(d)).unwrap();
+    }
+    std::fs::write(dir.path().join("b/a/deep/f"), b"1").unwrap();
+    std::fs::write(dir.path().join("b/c/g"), b"2").unwrap();
+    std::fs::write(dir.path().join("b/top"), b"3").unwrap();
+    let emu = directory(dir.path()).await;
+    let mut c = client(&emu).await;
+    let list = |folders: bool, prefix: &str| ListObjectsRequest {
+        parent: bpath("b"),
+        prefix: prefix.into(),
+        delimiter: "/".into(),
+        include_folders_as_prefixes: folders,
+        ..Default::default()
+    };
+    let r = c
+        .list_objects(routed("b", list(false, "")))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.prefixes, ["a/", "c/"]);
+    assert_eq!(
+        r.objects
+            .iter()
+            .map(|o| o.name.as_str())
+            .collect::<Vec<_>>(),
+        ["top"]
+    );
+    let r = c
+        .list_objects(routed("b", list(true, "")))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.prefixes, ["a/", "c/", "empty/"]);
+    // A directory made on disk later shows up; one removed disappears.
+    std::fs::create_dir(dir.path().join("b/later")).unwrap();
+    std::fs::remove_dir(dir.path().join("b/empty")).unwrap();
+    let r = c
+        .list_objects(routed("b", list(true, "")))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.prefixes, ["a/", "c/", "later/"]);
+    let r = c
+        .list_objects(routed("b", list(true, "a/")))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.prefixes, ["a/deep/"]);
+}
