@@ -657,10 +657,13 @@ def main():
     b = Bench(args.binary, os.path.abspath(data), work)
 
     def on_signal(signum, _frame):
+        # Further signals must not interrupt the cleanup this one starts.
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
         raise KeyboardInterrupt(f"signal {signum}")
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGHUP, on_signal)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
     rng = random.Random(args.seed)
     per_run, raw_runs, cpu_runs, read_ahead, loads = [], [], [], None, []
     try:
@@ -716,4 +719,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt as e:
+        sys.exit(f"read_path.py: interrupted ({e or 'SIGINT'}); mounts and emulator cleaned up")
