@@ -75,3 +75,51 @@ print("ok")
 "#;
     run_python(script, &lines, &m.path);
 }
+
+/// The training workload itself: torch's DataLoader with 4 worker processes reads every file
+/// of an image-folder-like tree through the mount, shuffled, and each sample's bytes match.
+#[test]
+fn torch_dataloader_with_four_workers_reads_every_file() {
+    let env = Env::new(BUCKET);
+    let mut lines = String::new();
+    for i in 0..240u64 {
+        let name = format!("train/class{}/img{i:04}.jpg", i % 6);
+        // 1 KiB .. ~300 KiB, like small encoded images.
+        let bytes = data(1000 + i, 1024 + ((i * 7919) % 300) as usize * 1024);
+        env.put(BUCKET, &name, &bytes);
+        lines.push_str(&format!("{name} {}\n", hex(sha(&bytes))));
+    }
+    let m = env.mount(BUCKET, &env.config());
+    let script = r#"
+import hashlib, os, sys
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+root = os.environ["MNT"]
+want = dict(line.split() for line in sys.stdin)
+
+class Files(Dataset):
+    """An ImageFolder without decoding: found by walking the mount, read by plain paths."""
+    def __init__(self, top):
+        self.paths = sorted(
+            os.path.join(d, f) for d, _, fs in os.walk(top) for f in fs)
+    def __len__(self):
+        return len(self.paths)
+    def __getitem__(self, i):
+        with open(self.paths[i], "rb") as f:
+            data = f.read()
+        return os.path.relpath(self.paths[i], root), hashlib.sha256(data).hexdigest(), len(data)
+
+ds = Files(os.path.join(root, "train"))
+assert len(ds) == len(want), (len(ds), len(want))
+loader = DataLoader(ds, batch_size=16, shuffle=True, num_workers=4,
+                    collate_fn=lambda batch: batch)
+seen = {}
+for batch in loader:
+    for name, digest, _ in batch:
+        seen[name] = digest
+assert seen == want, sorted(set(seen.items()) ^ set(want.items()))[:5]
+print("ok")
+"#;
+    run_python(script, &lines, &m.path);
+}
