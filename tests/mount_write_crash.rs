@@ -1,11 +1,18 @@
 //! Durability across a daemon crash, and the daemon's memory while writing: the `rapidfs`
 //! binary (its own process) mounts the emulator of this test; it is killed with SIGKILL right
 //! after `fsync` or `close` returns, and the bucket must hold every acknowledged byte.
+//!
+//! Over loopback the emulator receives bytes almost as soon as they are handed to the stream,
+//! so a daemon that answered fsync without waiting would mostly get away with it. The crash
+//! tests therefore cut the write stream every 3.5 MiB: each stream keeps 3 MiB and drops the
+//! message that crosses the limit, so the last MiB of the 64 MiB file is dropped and must be
+//! resent on a new stream before fsync or close may return.
 
 mod mount_support;
 mod write_support;
 
 use mount_support::Env;
+use rapidfs::emulator::Faults;
 use std::io::Write;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -53,11 +60,19 @@ fn kill(mut child: Child, mnt: &Path) {
     assert!(st.success(), "umount -l {}", mnt.display());
 }
 
+fn cut_every_3_5_mib() -> Faults {
+    Faults {
+        cut_write_after_bytes: Some(7 * MIB as u64 / 2),
+        ..Faults::default()
+    }
+}
+
 #[test]
 fn sigkill_right_after_fsync_loses_no_fsynced_byte() {
     let env = Env::new(BUCKET);
     let c = client(&env.rt, &env.emu().endpoint());
     let mnt = tempfile::tempdir().expect("tempdir");
+    env.emu().set_faults(cut_every_3_5_mib());
     let child = daemon(&env, mnt.path(), &[]);
     let mut f = std::fs::File::create(mnt.path().join("ckpt.bin")).expect("create");
     for i in 0..64 {
@@ -81,6 +96,7 @@ fn sigkill_with_unsynced_bytes_keeps_the_fsynced_prefix_and_no_garbage() {
     let env = Env::new(BUCKET);
     let c = client(&env.rt, &env.emu().endpoint());
     let mnt = tempfile::tempdir().expect("tempdir");
+    env.emu().set_faults(cut_every_3_5_mib());
     let child = daemon(&env, mnt.path(), &[]);
     let mut f = std::fs::File::create(mnt.path().join("half.bin")).expect("create");
     for i in 0..42 {
@@ -106,6 +122,7 @@ fn sigkill_right_after_close_loses_nothing() {
     let env = Env::new(BUCKET);
     let c = client(&env.rt, &env.emu().endpoint());
     let mnt = tempfile::tempdir().expect("tempdir");
+    env.emu().set_faults(cut_every_3_5_mib());
     let child = daemon(&env, mnt.path(), &[]);
     let mut f = std::fs::File::create(mnt.path().join("closed.bin")).expect("create");
     for i in 0..64 {
