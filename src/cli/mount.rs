@@ -100,14 +100,13 @@ pub fn run(
             );
         }
     }
-    super::init_logging(
-        log_level.as_deref().unwrap_or(&cfg.log.level),
-        log_format.unwrap_or(cfg.log.format),
-    );
+    let level = log_level.unwrap_or_else(|| cfg.log.level.clone());
+    let format = log_format.unwrap_or(cfg.log.format);
     if args.foreground {
+        super::init_logging(&level, format);
         return serve(&args, cfg, &mountpoint, &mut Ready::Foreground);
     }
-    daemonize(&args, cfg, &mountpoint)
+    daemonize(&args, cfg, &mountpoint, &level, format)
 }
 
 /// The config file, overridden by the flags.
@@ -178,7 +177,13 @@ impl Ready {
 }
 
 /// Forks: the parent waits for the child's verdict and exits with it; the child serves.
-fn daemonize(args: &MountArgs, cfg: Config, mountpoint: &Path) -> anyhow::Result<()> {
+fn daemonize(
+    args: &MountArgs,
+    cfg: Config,
+    mountpoint: &Path,
+    log_level: &str,
+    log_format: LogFormat,
+) -> anyhow::Result<()> {
     let mut fds = [0; 2];
     // SAFETY: pipe2 writes two descriptors into the array we own.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -196,6 +201,7 @@ fn daemonize(args: &MountArgs, cfg: Config, mountpoint: &Path) -> anyhow::Result
             unsafe { libc::setsid() };
             // The parent prints the one line of verdict; the daemon's log goes elsewhere.
             detach_stdio(args.log_file.as_deref());
+            super::init_logging(log_level, log_format);
             let mut ready = Ready::Pipe(std::fs::File::from(wr));
             let code = match serve(args, cfg, mountpoint, &mut ready) {
                 Ok(()) => 0,
