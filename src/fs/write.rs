@@ -64,7 +64,7 @@ enum State {
     /// An existing object of this generation, opened for writing but not written yet.
     Idle { generation: i64 },
     /// Streaming into the object.
-    Open { w: AppendWriter, held: Held },
+    Open { w: Box<AppendWriter>, held: Held },
     /// Failed for good; every later call answers this.
     Failed(Errno),
     /// The stream was ended by the last release.
@@ -154,7 +154,15 @@ impl Writes {
     /// Handle `fh` writes the object just created as `inode` through `w`.
     pub fn attach_created(&self, fh: u64, inode: &Arc<Inode>, w: AppendWriter) {
         let held = self.held(0);
-        self.attach(fh, inode, move || (State::Open { w, held }, 0));
+        self.attach(fh, inode, move || {
+            (
+                State::Open {
+                    w: Box::new(w),
+                    held,
+                },
+                0,
+            )
+        });
     }
 
     /// Handle `fh` may write the existing object `inode` (generation `generation`, `size`
@@ -213,7 +221,7 @@ impl Writes {
             *st = State::Failed(errno);
             return Err(errno);
         }
-        held.settle(w.written() - w.persisted());
+        held.settle(w.written().saturating_sub(w.persisted()));
         fw.size.store(w.written(), Ordering::Release);
         Ok(len)
     }
@@ -253,7 +261,7 @@ impl Writes {
             .map_err(|e| log_err("takeover", key, &e))?;
         fw.size.store(w.written(), Ordering::Release);
         Ok(State::Open {
-            w,
+            w: Box::new(w),
             held: self.held(0),
         })
     }
@@ -270,7 +278,7 @@ impl Writes {
             }
             if held.permits > 0 {
                 w.flush().await?;
-                held.settle(w.written() - w.persisted());
+                held.settle(w.written().saturating_sub(w.persisted()));
                 if held.permits == 0 {
                     continue;
                 }
@@ -302,7 +310,7 @@ impl Writes {
                     continue;
                 }
                 match w.flush().await {
-                    Ok(_) => held.settle(w.written() - w.persisted()),
+                    Ok(_) => held.settle(w.written().saturating_sub(w.persisted())),
                     Err(e) => *st = State::Failed(log_err("flush", &fw.inode.key, &e)),
                 }
             }
@@ -375,6 +383,7 @@ impl Writes {
             return;
         };
         let key = fw.inode.key.as_str();
+        let w = *w;
         let ended = if self.finalize_on_close {
             w.finalize().await
         } else {
