@@ -295,3 +295,18 @@ fn a_read_only_mount_refuses_every_write_with_erofs() {
     assert_eq!(errno_of(std::fs::write(m.p("a"), b"x")), libc::EROFS);
     assert_eq!(std::fs::read(m.p("a")).expect("reads still work"), b"data");
 }
+
+#[test]
+fn another_mount_sees_every_fsynced_byte() {
+    let env = Env::new(BUCKET);
+    let a = env.mount(BUCKET, &env.config());
+    let b = env.mount(BUCKET, &env.config());
+    let mut f = std::fs::File::create(a.p("stream.log")).expect("create");
+    write_chunks(&mut f, 7, 4, 0);
+    f.sync_all().expect("fsync");
+    assert!(
+        std::fs::read(b.p("stream.log")).expect("read on B") == chunks(7, 4),
+        "B reads everything A fsynced, while A keeps the file open"
+    );
+    drop(f);
+}
