@@ -251,9 +251,9 @@ async fn a_stalled_stream_is_replaced_and_the_read_completes() {
     let mut cfg = config(emu.endpoint());
     cfg.stall_timeout_ms = 200;
     let c = Client::connect(&cfg).await.unwrap();
-    // The stream opened now keeps a 1 s delay on every message; later streams have none.
+    // The stream opened now keeps a 2.5 s delay on every message; later streams have none.
     emu.set_faults(Faults {
-        latency_us: 1_000_000,
+        latency_us: 2_500_000,
         ..Faults::default()
     });
     let r = c.open_reader(BUCKET, "slow", None).await.unwrap();
@@ -263,9 +263,64 @@ async fn a_stalled_stream_is_replaced_and_the_read_completes() {
     assert!(got == src);
     assert!(r.reconnects() >= 1, "the stalled stream was replaced");
     assert!(
-        start.elapsed() < Duration::from_millis(900),
+        start.elapsed() < Duration::from_millis(2_000),
         "took {:?}: waited for the slow stream",
         start.elapsed()
     );
+    assert_eq!(emu.stats().missing_routing_header, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_than_100_queued_ranges_are_split_into_several_messages() {
+    let emu = emulator(Faults::default()).await;
+    let src = data(MIB, 8);
+    emu.put_object(BUCKET, "many", src.clone()).unwrap();
+    let c = client(&emu).await;
+    let r = c.open_reader(BUCKET, "many", None).await.unwrap();
+    emu.reset_stats();
+    let reads = (0..250u64).map(|i| {
+        let r = r.clone();
+        async move { (i, r.read(i * 4000, 1000).await) }
+    });
+    for (i, got) in futures::future::join_all(reads).await {
+        let off = (i * 4000) as usize;
+        assert!(got.unwrap() == src.slice(off..off + 1000), "range {i}");
+    }
+    let st = emu.stats();
+    assert_eq!(st.ranges_requested, 250);
+    assert_eq!(st.read_streams, 0);
+    assert_eq!(st.missing_routing_header, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hundred_interleaved_ranges_resume_through_cuts_redirects_and_unavailable() {
+    let emu = emulator(Faults::default()).await;
+    let src = data(32 * MIB, 9);
+    emu.put_object(BUCKET, "mix", src.clone()).unwrap();
+    let c = client(&emu).await;
+    emu.set_faults(Faults {
+        chaos: true,
+        cut_read_after_bytes: Some(3 * MIB as u64),
+        redirect_every: Some(4),
+        unavailable_every: Some(7),
+        ..Faults::default()
+    });
+    let r = c.open_reader(BUCKET, "mix", None).await.unwrap();
+    let reads = (0..100u64).map(|i| {
+        let r = r.clone();
+        let off = (i * 331_337) % src.len() as u64;
+        let len = 1 + (i * 77_777) % (3 * MIB as u64);
+        async move { (off, len, r.read(off, len).await) }
+    });
+    for (off, len, got) in futures::future::join_all(reads).await {
+        let end = (off + len).min(src.len() as u64) as usize;
+        assert!(
+            got.unwrap() == src.slice(off as usize..end),
+            "range {off}+{len}"
+        );
+    }
+    assert!(r.reconnects() > 10, "{} reconnects", r.reconnects());
+    assert_eq!(r.in_flight(), 0);
+    assert!(!r.is_broken());
     assert_eq!(emu.stats().missing_routing_header, 0);
 }

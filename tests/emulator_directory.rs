@@ -292,3 +292,57 @@ async fn folders_are_directories_and_writes_replace_files() {
         .unwrap();
     assert_eq!(e.code(), Code::FailedPrecondition);
 }
+
+#[tokio::test]
+async fn listing_shows_directories_as_prefixes_and_empty_ones_as_folders() {
+    let dir = tempfile::tempdir().unwrap();
+    for d in ["b/a/deep", "b/empty", "b/c"] {
+        std::fs::create_dir_all(dir.path().join(d)).unwrap();
+    }
+    std::fs::write(dir.path().join("b/a/deep/f"), b"1").unwrap();
+    std::fs::write(dir.path().join("b/c/g"), b"2").unwrap();
+    std::fs::write(dir.path().join("b/top"), b"3").unwrap();
+    let emu = directory(dir.path()).await;
+    let mut c = client(&emu).await;
+    let list = |folders: bool, prefix: &str| ListObjectsRequest {
+        parent: bpath("b"),
+        prefix: prefix.into(),
+        delimiter: "/".into(),
+        include_folders_as_prefixes: folders,
+        ..Default::default()
+    };
+    let r = c
+        .list_objects(routed("b", list(false, "")))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.prefixes, ["a/", "c/"]);
+    assert_eq!(
+        r.objects
+            .iter()
+            .map(|o| o.name.as_str())
+            .collect::<Vec<_>>(),
+        ["top"]
+    );
+    let r = c
+        .list_objects(routed("b", list(true, "")))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.prefixes, ["a/", "c/", "empty/"]);
+    // A directory made on disk later shows up; one removed disappears.
+    std::fs::create_dir(dir.path().join("b/later")).unwrap();
+    std::fs::remove_dir(dir.path().join("b/empty")).unwrap();
+    let r = c
+        .list_objects(routed("b", list(true, "")))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.prefixes, ["a/", "c/", "later/"]);
+    let r = c
+        .list_objects(routed("b", list(true, "a/")))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.prefixes, ["a/deep/"]);
+}

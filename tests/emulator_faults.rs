@@ -56,7 +56,7 @@ async fn latency_delays_each_message_without_capping_throughput() {
     // 21 messages (first response + 20 chunks): a per-message delay in series would take 4.2 s.
     assert!(took >= Duration::from_millis(200), "{took:?}");
     assert!(
-        took < Duration::from_millis(2000),
+        took < Duration::from_millis(3000),
         "latency must pipeline, took {took:?}"
     );
 }

@@ -291,3 +291,33 @@ async fn plain_upload_installs_on_finish() {
     assert!(o.finalize_time.is_some());
     assert_eq!(read_all(&mut c, "b", "plain").await, data[..]);
 }
+
+#[tokio::test]
+async fn a_reader_follows_an_unfinalized_object_as_it_grows() {
+    let emu = memory().await;
+    let mut c = client(&emu).await;
+    let mut w = open_write(&mut c, "b", create_msg("b", "tail", None), true)
+        .await
+        .unwrap();
+    let mut r = open_read(&mut c, spec("b", "tail"), vec![]).await.unwrap();
+    assert_eq!(r.first.metadata.as_ref().unwrap().size, 0);
+    let data = pattern(3000, 8);
+    for i in 0..3u64 {
+        let part = data.slice((i * 1000) as usize..((i + 1) * 1000) as usize);
+        w.tx.send(data_msg(i * 1000, part.clone())).await.unwrap();
+        w.tx.send(lookup_msg((i + 1) * 1000)).await.unwrap();
+        assert_eq!(
+            persisted_of(&next(&mut w).await.unwrap().unwrap()),
+            ((i + 1) * 1000) as i64
+        );
+        // The new tail is readable on the stream opened when the object was empty.
+        r.tx.send(rapidfs::proto::storage::BidiReadObjectRequest {
+            read_object_spec: None,
+            read_ranges: vec![range(i as i64, (i * 1000) as i64, 0)],
+        })
+        .await
+        .unwrap();
+        let (got, _) = collect(&mut r, &[i as i64]).await.unwrap();
+        assert_eq!(got[&(i as i64)], part[..]);
+    }
+}

@@ -276,9 +276,12 @@ impl ContentWriter {
         }
         match (&self.content.data, &self.file) {
             (Data::Mem(segs), _) => {
+                // A decoded chunk shares (and keeps alive) the whole receive buffer it was
+                // sliced from; one copy at write time keeps memory equal to the object size.
+                let owned = Bytes::copy_from_slice(&new);
                 match segs.write() {
-                    Ok(mut s) => s.push(new.clone()),
-                    Err(poisoned) => poisoned.into_inner().push(new.clone()),
+                    Ok(mut s) => s.push(owned),
+                    Err(poisoned) => poisoned.into_inner().push(owned),
                 }
                 st.persisted += new.len() as u64;
                 st.persisted_crc = crc32c::crc32c_append(st.persisted_crc, &new);

@@ -18,6 +18,7 @@ mod read;
 mod service;
 mod stats;
 mod store;
+mod tree;
 mod unary;
 mod wire;
 mod write;

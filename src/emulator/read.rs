@@ -41,6 +41,18 @@ impl Service {
         &self,
         req: Request<Streaming<BidiReadObjectRequest>>,
     ) -> Result<Response<ReadStream>, Status> {
+        let opened = self.open_read_stream(req).await;
+        if opened.is_err() {
+            // A failed open is a response too: it comes after the injected latency.
+            self.calls.delay().await;
+        }
+        opened
+    }
+
+    async fn open_read_stream(
+        &self,
+        req: Request<Streaming<BidiReadObjectRequest>>,
+    ) -> Result<Response<ReadStream>, Status> {
         let stats = self.calls.stats.clone();
         add(&stats.read_streams, 1);
         let header_token = header_routing_token(req.metadata());

@@ -42,6 +42,18 @@ impl Service {
         &self,
         req: Request<Streaming<BidiWriteObjectRequest>>,
     ) -> Result<Response<WriteStream>, Status> {
+        let opened = self.open_write_stream(req).await;
+        if opened.is_err() {
+            // A failed open is a response too: it comes after the injected latency.
+            self.calls.delay().await;
+        }
+        opened
+    }
+
+    async fn open_write_stream(
+        &self,
+        req: Request<Streaming<BidiWriteObjectRequest>>,
+    ) -> Result<Response<WriteStream>, Status> {
         add(&self.calls.stats.write_streams, 1);
         let header_token = header_routing_token(req.metadata());
         let meta = req.metadata().clone();
@@ -357,7 +369,8 @@ impl Session {
                         )));
                     }
                     let skip = (segs.len() - offset).min(d.content.len() as u64) as usize;
-                    segs.push(d.content.slice(skip..));
+                    // Owned copy: see `ContentWriter::append`.
+                    segs.push(Bytes::copy_from_slice(&d.content[skip..]));
                 }
                 if m.finish_write {
                     if let Some(expected) = expected_crc {

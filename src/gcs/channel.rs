@@ -1,11 +1,12 @@
 //! Builds the HTTP/2 connections of a `Client`: one tonic `Endpoint` per configured
 //! connection, with large flow-control windows (a single bidi read stream must be able to
-//! fill a fast link), `TCP_NODELAY` and HTTP/2 keep-alive. Touches only tonic's transport.
+//! fill a fast link), `TCP_NODELAY`, HTTP/2 keep-alive, 1 MiB frames; `https://` uses TLS
+//! with the system's trust store. Touches only tonic's transport.
 
 use super::{Error, Result};
 use crate::config::GcsConfig;
 use std::time::Duration;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 /// Keep-alive pings find dead connections while a stream waits for data.
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
@@ -34,19 +35,20 @@ pub(crate) async fn connect(cfg: &GcsConfig) -> Result<Vec<Channel>> {
 /// The endpoint description shared by every connection of the pool.
 fn endpoint(cfg: &GcsConfig) -> Result<Endpoint> {
     let url = cfg.endpoint.trim_end_matches('/');
-    if url.starts_with("https://") {
-        // TLS and credentials arrive with the zonal issue; refusing beats a silent plaintext dial.
-        return Err(Error::InvalidArgument(format!(
-            "endpoint {url}: https is not supported by this build yet; use http:// (emulator)"
-        )));
-    }
-    if !url.starts_with("http://") {
+    let tls = url.starts_with("https://");
+    if !tls && !url.starts_with("http://") {
         return Err(Error::InvalidArgument(format!(
             "endpoint {url}: must start with http:// or https://"
         )));
     }
-    let ep = Endpoint::from_shared(url.to_string())
+    let mut ep = Endpoint::from_shared(url.to_string())
         .map_err(|e| Error::InvalidArgument(format!("endpoint {url}: {e}")))?;
+    if tls {
+        // The system's trust store; credentials (OAuth metadata) come with the zonal issue.
+        ep = ep
+            .tls_config(ClientTlsConfig::new().with_native_roots())
+            .map_err(|e| Error::InvalidArgument(format!("endpoint {url}: TLS: {e}")))?;
+    }
     Ok(ep
         .connect_timeout(Duration::from_millis(cfg.connect_timeout_ms))
         .tcp_nodelay(true)
@@ -83,6 +85,15 @@ mod tests {
         let e = endpoint(&cfg).unwrap_err();
         assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
         assert!(e.to_string().contains("ftp://x"));
+    }
+
+    #[test]
+    fn accepts_https_with_the_system_roots() {
+        let cfg = GcsConfig {
+            endpoint: "https://storage.googleapis.com".into(),
+            ..Default::default()
+        };
+        assert!(endpoint(&cfg).is_ok());
     }
 
     #[test]

@@ -53,6 +53,7 @@ struct Conn {
 
 /// One BidiWriteObject session on an appendable object. Keeps every unpersisted byte;
 /// resumes from persisted_size after a broken stream (takeover with the write handle).
+/// Dropping it without `flush`, `close` or `finalize` abandons what is not yet persisted.
 pub struct AppendWriter {
     client: Client,
     bucket: String,
