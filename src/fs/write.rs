@@ -119,7 +119,7 @@ fn note_size(inode: &Inode, size: u64) {
 impl Writes {
     /// No writers yet; `budget_bytes` bounds the unpersisted bytes of all of them together.
     pub fn new(client: Client, bucket: &str, cfg: &WriteConfig, budget_bytes: u64) -> Self {
-        let permits = permits_for(budget_bytes).clamp(1, Semaphore::MAX_PERMITS as u32);
+        let permits = permits_for(budget_bytes).max(1);
         Writes {
             client,
             bucket: Arc::from(bucket),
