@@ -16,7 +16,8 @@ emulator, the daemon and the writer share the machine's cores: see "cores" in th
 import argparse, json, os, platform, shutil, socket, statistics, subprocess, sys, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.path.join(ROOT, "target", "release", "rapidfs")
+# RAPIDFS_BIN overrides the binary (and skips the release build), e.g. to try the script out.
+BIN = os.environ.get("RAPIDFS_BIN", os.path.join(ROOT, "target", "release", "rapidfs"))
 MIB = 1 << 20
 BUCKET = "bench"
 
@@ -109,7 +110,8 @@ def main():
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root: mounting needs it")
-    sh("cargo", "build", "--release", "--quiet", cwd=ROOT)
+    if "RAPIDFS_BIN" not in os.environ:
+        sh("cargo", "build", "--release", "--quiet", cwd=ROOT)
 
     shutil.rmtree(args.work, ignore_errors=True)
     local = os.path.join(args.work, "local")
@@ -117,10 +119,10 @@ def main():
     os.makedirs(local)
     os.makedirs(mnt)
     block = os.urandom(MIB)
-    raw = {k: [] for k in ("append_GBps", "fsync_p50_ms", "fsync_p99_ms", "checkpoint_s")}
+    measures = ("append_GBps", "fsync_p50_ms", "fsync_p99_ms", "checkpoint_s")
     res = {}
     for target in ("local", "rapidfs"):
-        runs = {k: [] for k in raw}
+        runs = {k: [] for k in measures}
         for r in range(args.runs):
             rapid = Rapidfs(args.work, mnt) if target == "rapidfs" else None
             root = mnt if rapid else local
