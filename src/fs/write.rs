@@ -356,10 +356,10 @@ impl Writes {
     }
 
     /// Handle `fh` is closed; the last writing handle of an inode ends its stream (and
-    /// finalizes the object with `write.finalize_on_close`).
-    pub async fn release(&self, fh: u64) {
+    /// finalizes the object with `write.finalize_on_close`). Says whether `fh` was a writer.
+    pub async fn release(&self, fh: u64) -> bool {
         let Some(fw) = lock(&self.by_fh).remove(&fh) else {
-            return;
+            return false;
         };
         let last = {
             let mut by_ino = lock(&self.by_ino);
@@ -376,11 +376,11 @@ impl Writes {
             }
         };
         if !last {
-            return;
+            return true;
         }
         let state = std::mem::replace(&mut *fw.state.lock().await, State::Done);
         let State::Open { w, held } = state else {
-            return;
+            return true;
         };
         let key = fw.inode.key.as_str();
         let w = *w;
@@ -396,6 +396,7 @@ impl Writes {
                 log_err("close", key, &e);
             }
         }
+        true
     }
 }
 

@@ -100,9 +100,9 @@ impl Fs {
     /// Ends handle `fh`: its read side at once, its write stream when it was the last.
     pub async fn release_write(&self, fh: u64) {
         self.release(fh);
-        self.inner.writes.release(fh).await;
+        let wrote = self.inner.writes.release(fh).await;
         // Listings taken while the file grew hold an old size.
-        if let Some(c) = &self.inner.listings {
+        if let (true, Some(c)) = (wrote, &self.inner.listings) {
             c.invalidate_all();
         }
     }
