@@ -310,3 +310,49 @@ fn another_mount_sees_every_fsynced_byte() {
     );
     drop(f);
 }
+
+#[test]
+fn an_idle_writer_cannot_starve_the_others_of_write_budget() {
+    let env = Env::new(BUCKET);
+    let mut cfg = env.config();
+    // 16 MiB in all, so the write share is its 4 MiB floor.
+    cfg.cache.memory_mb = 16;
+    let m = env.mount(BUCKET, &cfg);
+    let c = client(&env.rt, &env.emu().endpoint());
+    let mut idle = std::fs::File::create(m.p("idle.bin")).expect("create");
+    write_chunks(&mut idle, 10, 4, 0);
+    // `idle` now holds the whole write budget in unpersisted bytes, and stays open.
+    // The busy writer is a child process: if it starved, it can be killed out of its
+    // write(2) (a thread of this process stuck on this process's mount could not be).
+    let mut dd = std::process::Command::new("dd")
+        .arg("if=/dev/zero")
+        .arg(format!("of={}", m.p("busy.bin").display()))
+        .args(["bs=1M", "count=16", "status=none"])
+        .spawn()
+        .expect("dd runs");
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = dd.try_wait().expect("wait") {
+            break Some(st);
+        }
+        if start.elapsed() > Duration::from_secs(30) {
+            let _ = dd.kill();
+            let _ = dd.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let status = status.expect("the busy writer finishes while the idle one holds its file open");
+    assert!(status.success(), "dd: {status}");
+    let zeros = vec![0u8; 16 * MIB];
+    assert_eq!(
+        meta(&env.rt, &c, BUCKET, "busy.bin").crc32c,
+        Some(crc32c::crc32c(&zeros))
+    );
+    assert_eq!(
+        meta(&env.rt, &c, BUCKET, "idle.bin").size,
+        4 * MIB as u64,
+        "the idle writer's bytes were made durable to free the budget"
+    );
+    drop(idle);
+}
