@@ -18,6 +18,8 @@ pub struct Config {
     pub fs: FsConfig,
     /// The read path: streams and read-ahead.
     pub read: ReadConfig,
+    /// The write path: streaming appends.
+    pub write: WriteConfig,
     /// Logging.
     pub log: LogConfig,
 }
@@ -173,6 +175,25 @@ impl Default for ReadConfig {
             stream_idle_ms: 30_000,
             max_warm_objects: 1024,
             kernel_read_ahead_kb: 16 * 1024,
+        }
+    }
+}
+
+/// The write path: files written through the mount stream into appendable objects.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct WriteConfig {
+    /// Finalize an object when its last writer closes it (it can no longer be appended to); false leaves it appendable.
+    pub finalize_on_close: bool,
+    /// Share of `cache.memory_mb` reserved for unpersisted write buffers, in percent (the read path gets the rest).
+    pub memory_percent: u64,
+}
+
+impl Default for WriteConfig {
+    fn default() -> Self {
+        Self {
+            finalize_on_close: false,
+            memory_percent: 25,
         }
     }
 }

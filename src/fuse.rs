@@ -331,6 +331,19 @@ fn utf8(name: &OsStr) -> Option<String> {
     name.to_str().map(str::to_string)
 }
 
+impl FuseAdapter {
+    /// `flush` (each `close(2)`) and `fsync`: answered once every written byte is persisted.
+    fn sync(&self, fh: FileHandle, reply: ReplyEmpty) {
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.flush(fh.0).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(e)),
+            }
+        });
+    }
+}
+
 impl Filesystem for FuseAdapter {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         for cap in [
@@ -389,11 +402,11 @@ impl Filesystem for FuseAdapter {
     fn setattr(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _mode: Option<u32>,
         _uid: Option<u32>,
         _gid: Option<u32>,
-        _size: Option<u64>,
+        size: Option<u64>,
         _atime: Option<TimeOrNow>,
         _mtime: Option<TimeOrNow>,
         _ctime: Option<SystemTime>,
@@ -404,7 +417,13 @@ impl Filesystem for FuseAdapter {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        reply.error(Errno::EROFS);
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.setattr(ino.0, size).await {
+                Ok(a) => reply.attr(&fs.attr_ttl(), &file_attr(&a)),
+                Err(e) => reply.error(errno(e)),
+            }
+        });
     }
 
     fn mknod(
@@ -480,7 +499,12 @@ impl Filesystem for FuseAdapter {
             || flags.0 & (libc::O_TRUNC | libc::O_APPEND) != 0;
         let fs = self.fs.clone();
         self.rt.spawn(async move {
-            match fs.open(ino.0, write).await {
+            let opened = if write {
+                fs.open_write(ino.0).await
+            } else {
+                fs.open(ino.0, false).await
+            };
+            match opened {
                 Ok(o) => {
                     let flags = if o.keep_cache {
                         FopenFlags::FOPEN_KEEP_CACHE
@@ -518,26 +542,33 @@ impl Filesystem for FuseAdapter {
         &self,
         _req: &Request,
         _ino: INodeNo,
-        _fh: FileHandle,
-        _offset: u64,
-        _data: &[u8],
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
         _write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        reply.error(Errno::EROFS);
+        let data = bytes::Bytes::copy_from_slice(data);
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.write(fh.0, offset, data).await {
+                Ok(n) => reply.written(n),
+                Err(e) => reply.error(errno(e)),
+            }
+        });
     }
 
     fn flush(
         &self,
         _req: &Request,
         _ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        reply.ok();
+        self.sync(fh, reply);
     }
 
     fn release(
@@ -550,19 +581,22 @@ impl Filesystem for FuseAdapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.fs.release(fh.0);
-        reply.ok();
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            fs.release_write(fh.0).await;
+            reply.ok();
+        });
     }
 
     fn fsync(
         &self,
         _req: &Request,
         _ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        reply.ok();
+        self.sync(fh, reply);
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -701,13 +735,28 @@ impl Filesystem for FuseAdapter {
     fn create(
         &self,
         _req: &Request,
-        _parent: INodeNo,
-        _name: &OsStr,
+        parent: INodeNo,
+        name: &OsStr,
         _mode: u32,
         _umask: u32,
-        _flags: i32,
+        flags: i32,
         reply: ReplyCreate,
     ) {
-        reply.error(Errno::EROFS);
+        let Some(name) = utf8(name) else {
+            return reply.error(Errno::EINVAL);
+        };
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.create(parent.0, &name, flags).await {
+                Ok((e, o)) => reply.created(
+                    &e.entry_ttl,
+                    &file_attr(&e.attr),
+                    Generation(0),
+                    FileHandle(o.fh),
+                    FopenFlags::empty(),
+                ),
+                Err(e) => reply.error(errno(e)),
+            }
+        });
     }
 }

@@ -14,6 +14,8 @@ mod names;
 mod pool;
 mod read;
 mod seq;
+mod write;
+mod write_ops;
 
 pub use error::{Errno, FsResult};
 pub use inode::{Kind, ROOT_INO};
@@ -141,6 +143,8 @@ struct Inner {
     files: Mutex<HashMap<u64, Arc<Handle>>>,
     dirs: Mutex<HashMap<u64, DirHandle>>,
     next_fh: AtomicU64,
+    writes: write::Writes,
+    read_only: bool,
 }
 
 /// An open directory: the listing it reads, taken at the first read from offset 0.
@@ -176,9 +180,12 @@ impl Fs {
         let root = names::dir_prefix(fs.only_dir.as_deref());
         // SAFETY: getuid and getgid cannot fail and touch no memory.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        let (write_budget, read_cache) = write::split_budget(&cfg.cache, &cfg.write);
         Fs {
             inner: Arc::new(Inner {
-                reads: ReadPath::new(client.clone(), bucket, &cfg.read, &cfg.cache),
+                reads: ReadPath::new(client.clone(), bucket, &cfg.read, &read_cache),
+                writes: write::Writes::new(client.clone(), bucket, &cfg.write, write_budget),
+                read_only: fs.read_only,
                 client,
                 bucket: bucket.to_string(),
                 uid: fs.uid.unwrap_or(uid),
@@ -228,7 +235,10 @@ impl Fs {
             (Kind::File, Some(m)) => Attr {
                 ino: inode.ino,
                 kind: Kind::File,
-                size: m.size,
+                size: i
+                    .writes
+                    .size_of(inode.ino)
+                    .map_or(m.size, |w| w.max(m.size)),
                 perm: i.file_mode,
                 nlink: 1,
                 uid: i.uid,
@@ -363,7 +373,8 @@ impl Fs {
         Ok(self.attr_of(&inode, meta))
     }
 
-    /// Opens a file for reading (writing is refused: the mount is read-only for now).
+    /// Opens a file for reading (`open_write` opens for writing).
+    /// A file being written through this mount is flushed first, so the reader sees it all.
     pub async fn open(&self, ino: u64, write: bool) -> FsResult<Opened> {
         if write {
             return Err(Errno::EROFS);
@@ -372,6 +383,8 @@ impl Fs {
         if inode.kind == Kind::Dir {
             return Err(Errno::EISDIR);
         }
+        // Bytes written through this mount must be in the service before a reader opens.
+        self.inner.writes.settle(ino).await?;
         let meta = self.fresh_meta(&inode).await?;
         let keep_cache = inode.note_open(meta.identity());
         let handle = self.inner.reads.open(&inode.key, &meta);
@@ -549,11 +562,11 @@ impl Fs {
         }
     }
 
-    /// `access(2)`: existence, and no writing (the mount is read-only for now).
+    /// `access(2)`: existence, and writing unless the mount is read-only.
     pub fn access(&self, ino: u64, want_write: bool) -> FsResult<()> {
         self.inode(ino)?;
         if want_write {
-            return Err(Errno::EROFS);
+            return self.may_write();
         }
         Ok(())
     }

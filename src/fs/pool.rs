@@ -44,10 +44,12 @@ impl StreamPool {
         }
     }
 
-    /// The least loaded healthy stream, opening the first one if needed.
-    async fn reader(self: &Arc<Self>) -> gcs::Result<BidiReader> {
+    /// The least loaded healthy stream that reaches byte `end`, opening one if needed.
+    async fn reader(self: &Arc<Self>, end: u64) -> gcs::Result<BidiReader> {
         let mut readers = self.readers.lock().await;
-        readers.retain(|r| !r.is_broken());
+        // A stream sees the object as it was at its open: an appendable object that has grown
+        // since needs a new one.
+        readers.retain(|r| !r.is_broken() && r.metadata().size >= end);
         let Some(best) = readers.iter().min_by_key(|r| r.in_flight()).cloned() else {
             let r = self
                 .client
@@ -83,12 +85,13 @@ impl StreamPool {
     /// fresh stream if the one used broke for good. Fewer bytes than asked is an error: a
     /// reader must never see a silently shortened file.
     pub async fn read(self: &Arc<Self>, offset: u64, len: u64) -> gcs::Result<bytes::Bytes> {
-        let r = self.reader().await?;
+        let end = offset + len;
+        let r = self.reader(end).await?;
         let data = match r.read(offset, len).await {
             Ok(d) => d,
             Err(e) if r.is_broken() => {
                 tracing::debug!(key = %self.key, error = %e, "stream broke; retrying on a new one");
-                self.reader().await?.read(offset, len).await?
+                self.reader(end).await?.read(offset, len).await?
             }
             Err(e) => return Err(e),
         };

@@ -189,7 +189,12 @@ impl ReadPath {
         let last = (end - 1) / self.block;
         let mut blocks = Vec::new();
         for i in first..=last {
-            blocks.push(self.blocks.get(&(h.key.clone(), h.generation, i)).await?);
+            let b = self.blocks.get(&(h.key.clone(), h.generation, i)).await?;
+            // A short last block was cached before the object grew.
+            if (b.len() as u64) < self.block.min(h.size - i * self.block) {
+                return None;
+            }
+            blocks.push(b);
         }
         Some(assemble(&blocks, first * self.block, offset, end))
     }
@@ -198,10 +203,15 @@ impl ReadPath {
     /// readers ask for it at the same time.
     async fn cached(&self, h: &Handle, index: u64, start: u64, end: u64) -> FsResult<Bytes> {
         let pool = h.pool.clone();
+        let key = (h.key.clone(), h.generation, index);
+        // The last block of an appendable object cached before it grew is short: fetch anew.
+        if let Some(b) = self.blocks.get(&key).await {
+            if (b.len() as u64) < end - start {
+                self.blocks.invalidate(&key).await;
+            }
+        }
         self.blocks
-            .try_get_with((h.key.clone(), h.generation, index), async move {
-                pool.read(start, end - start).await
-            })
+            .try_get_with(key, async move { pool.read(start, end - start).await })
             .await
             .map_err(|e| super::error::log_err("read", &h.key, &e))
     }

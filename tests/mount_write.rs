@@ -1,0 +1,358 @@
+//! Writes through a real FUSE mount: files stream into appendable objects (one generation,
+//! one write stream), fsync and close make bytes durable, readers on the mount see what was
+//! written, takeover across mounts fences the first writer, and everything that is not a
+//! sequential append answers EOPNOTSUPP (EROFS on a read-only mount).
+
+mod mount_support;
+mod write_support;
+
+use mount_support::Env;
+use rapidfs::emulator::Faults;
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::time::{Duration, Instant};
+use write_support::{bytes, chunk, chunks, client, crc_of, errno_of, meta, MIB};
+
+const BUCKET: &str = "writes";
+
+/// Writes `n` chunks of stream `seed` to `f` in 1 MiB writes, fsync every `sync_every` chunks.
+fn write_chunks(f: &mut std::fs::File, seed: u64, n: usize, sync_every: usize) {
+    for i in 0..n {
+        f.write_all(&chunk(seed, i)).expect("write");
+        if sync_every > 0 && (i + 1) % sync_every == 0 {
+            f.sync_all().expect("fsync");
+        }
+    }
+}
+
+#[test]
+fn a_written_file_is_an_unfinalized_object_with_every_byte() {
+    let env = Env::new(BUCKET);
+    let m = env.mount(BUCKET, &env.config());
+    let c = client(&env.rt, &env.emu().endpoint());
+    let mut f = std::fs::File::create(m.p("log.bin")).expect("create");
+    let created = meta(&env.rt, &c, BUCKET, "log.bin");
+    assert_eq!(created.size, 0, "the object exists from create on");
+    write_chunks(&mut f, 1, 8, 4);
+    f.write_all(b"tail").expect("write");
+    // stat on the mount shows the growing size before any fsync.
+    assert_eq!(
+        std::fs::metadata(m.p("log.bin")).expect("stat").len(),
+        8 * MIB as u64 + 4
+    );
+    // A reader on the same mount reads what was written so far.
+    let mut want = chunks(1, 8);
+    want.extend_from_slice(b"tail");
+    let got = std::fs::read(m.p("log.bin")).expect("read while open");
+    assert!(got == want, "reader sees the bytes written so far");
+    f.write_all(b"more").expect("write after a reader");
+    drop(f);
+    want.extend_from_slice(b"more");
+    let after = meta(&env.rt, &c, BUCKET, "log.bin");
+    assert_eq!(after.size, want.len() as u64, "close persisted everything");
+    assert_eq!(after.generation, created.generation, "one generation");
+    assert!(!after.finalized, "close leaves the object appendable");
+    assert!(bytes(&env.rt, &c, BUCKET, "log.bin") == want);
+    assert!(std::fs::read(m.p("log.bin")).expect("reread") == want);
+    let st = env.emu().stats();
+    assert_eq!(st.write_streams, 1, "one write stream for the file");
+}
+
+#[test]
+fn a_256_mib_file_takes_one_stream_and_no_resends() {
+    let env = Env::new(BUCKET);
+    let m = env.mount(BUCKET, &env.config());
+    let c = client(&env.rt, &env.emu().endpoint());
+    env.emu().reset_stats();
+    let mut f = std::fs::File::create(m.p("big.bin")).expect("create");
+    let generation = meta(&env.rt, &c, BUCKET, "big.bin").generation;
+    write_chunks(&mut f, 2, 256, 0);
+    drop(f);
+    let got = meta(&env.rt, &c, BUCKET, "big.bin");
+    assert_eq!(got.size, 256 * MIB as u64);
+    assert_eq!(got.generation, generation, "one generation");
+    assert_eq!(
+        got.crc32c,
+        Some(crc_of(2, 256)),
+        "the object equals the source"
+    );
+    let st = env.emu().stats();
+    assert_eq!(st.write_streams, 1, "one write stream: {st:?}");
+    assert!(
+        st.bytes_received <= 258 * MIB as u64,
+        "received {} bytes for a 256 MiB file",
+        st.bytes_received
+    );
+}
+
+#[test]
+fn a_write_stream_cut_every_5_mib_loses_nothing() {
+    let env = Env::new(BUCKET);
+    let m = env.mount(BUCKET, &env.config());
+    let c = client(&env.rt, &env.emu().endpoint());
+    env.emu().set_faults(Faults {
+        cut_write_after_bytes: Some(5 * MIB as u64),
+        ..Faults::default()
+    });
+    let mut f = std::fs::File::create(m.p("cut.bin")).expect("create");
+    write_chunks(&mut f, 3, 48, 8);
+    drop(f);
+    env.emu().set_faults(Faults::default());
+    let got = meta(&env.rt, &c, BUCKET, "cut.bin");
+    assert_eq!(got.size, 48 * MIB as u64);
+    assert!(
+        bytes(&env.rt, &c, BUCKET, "cut.bin") == chunks(3, 48),
+        "the object equals the source"
+    );
+    let st = env.emu().stats();
+    assert!(
+        st.write_streams > 5,
+        "the stream was cut and resumed: {st:?}"
+    );
+}
+
+#[test]
+fn sixteen_writers_at_once() {
+    let env = Env::new(BUCKET);
+    let m = env.mount(BUCKET, &env.config());
+    let c = client(&env.rt, &env.emu().endpoint());
+    std::thread::scope(|s| {
+        for w in 0..16u64 {
+            let path = m.p(&format!("w{w:02}.bin"));
+            s.spawn(move || {
+                let mut f = std::fs::File::create(&path).expect("create");
+                write_chunks(&mut f, 100 + w, 12, 4);
+            });
+        }
+    });
+    for w in 0..16u64 {
+        let got = meta(&env.rt, &c, BUCKET, &format!("w{w:02}.bin"));
+        assert_eq!(got.size, 12 * MIB as u64, "writer {w}");
+        assert_eq!(got.crc32c, Some(crc_of(100 + w, 12)), "writer {w}");
+    }
+}
+
+#[test]
+fn takeover_across_mounts_fences_the_first_writer() {
+    let env = Env::new(BUCKET);
+    let a = env.mount(BUCKET, &env.config());
+    let b = env.mount(BUCKET, &env.config());
+    let c = client(&env.rt, &env.emu().endpoint());
+    let mut fa = std::fs::File::create(a.p("shared.log")).expect("create on A");
+    fa.write_all(&chunk(4, 0)).expect("write on A");
+    fa.sync_all().expect("fsync on A");
+
+    let mut fb = OpenOptions::new()
+        .append(true)
+        .open(b.p("shared.log"))
+        .expect("open O_APPEND on B");
+    fb.write_all(&chunk(5, 0)).expect("append on B takes over");
+    fb.sync_all().expect("fsync on B");
+
+    // A was fenced: its next write or, at the latest, its fsync fails with EIO.
+    let late = fa.write_all(b"late bytes from A");
+    if let Err(e) = &late {
+        assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    }
+    assert_eq!(errno_of(fa.sync_all()), libc::EIO, "fsync on fenced A");
+    drop(fa);
+    fb.write_all(&chunk(5, 1)).expect("B goes on");
+    drop(fb);
+
+    let mut want = chunk(4, 0);
+    want.extend_from_slice(&chunk(5, 0));
+    want.extend_from_slice(&chunk(5, 1));
+    assert!(
+        bytes(&env.rt, &c, BUCKET, "shared.log") == want,
+        "A's bytes then B's, never mixed"
+    );
+    assert!(!meta(&env.rt, &c, BUCKET, "shared.log").finalized);
+}
+
+#[test]
+fn reopening_with_o_append_continues_the_object() {
+    let env = Env::new(BUCKET);
+    let m = env.mount(BUCKET, &env.config());
+    let c = client(&env.rt, &env.emu().endpoint());
+    std::fs::write(m.p("a.log"), b"one\n").expect("write");
+    let generation = meta(&env.rt, &c, BUCKET, "a.log").generation;
+    for line in ["two\n", "three\n"] {
+        let mut f = OpenOptions::new()
+            .append(true)
+            .open(m.p("a.log"))
+            .expect("open O_APPEND");
+        f.write_all(line.as_bytes()).expect("append");
+    }
+    assert_eq!(
+        std::fs::read(m.p("a.log")).expect("read"),
+        b"one\ntwo\nthree\n"
+    );
+    let got = meta(&env.rt, &c, BUCKET, "a.log");
+    assert_eq!(got.generation, generation, "appends keep the generation");
+    assert_eq!(got.size, 14);
+}
+
+#[test]
+fn finalize_on_close_leaves_finalized_objects() {
+    let env = Env::new(BUCKET);
+    let mut cfg = env.config();
+    cfg.write.finalize_on_close = true;
+    let m = env.mount(BUCKET, &cfg);
+    let c = client(&env.rt, &env.emu().endpoint());
+    let mut f = std::fs::File::create(m.p("ckpt.pt")).expect("create");
+    write_chunks(&mut f, 6, 3, 0);
+    drop(f);
+    // release (which finalizes) runs after close(2) returns: wait for it a little.
+    let start = Instant::now();
+    let got = loop {
+        let got = meta(&env.rt, &c, BUCKET, "ckpt.pt");
+        if got.finalized || start.elapsed() > Duration::from_secs(10) {
+            break got;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(got.finalized, "finalized after the last close");
+    assert_eq!(got.size, 3 * MIB as u64);
+    assert_eq!(got.crc32c, Some(crc_of(6, 3)));
+}
+
+#[test]
+fn anything_but_a_sequential_append_is_eopnotsupp() {
+    let env = Env::new(BUCKET);
+    env.put(BUCKET, "final.bin", b"finalized object");
+    let m = env.mount(BUCKET, &env.config());
+    let c = client(&env.rt, &env.emu().endpoint());
+    std::fs::write(m.p("open.bin"), b"0123456789").expect("write");
+
+    let f = OpenOptions::new()
+        .write(true)
+        .open(m.p("open.bin"))
+        .expect("open for writing");
+    assert_eq!(
+        errno_of(f.write_at(b"x", 3)),
+        libc::EOPNOTSUPP,
+        "pwrite inside"
+    );
+    assert_eq!(
+        errno_of(f.write_at(b"x", 20)),
+        libc::EOPNOTSUPP,
+        "pwrite past the end"
+    );
+    f.write_at(b"ab", 10).expect("a write at the end appends");
+    assert_eq!(
+        errno_of(f.set_len(3)),
+        libc::EOPNOTSUPP,
+        "ftruncate shorter"
+    );
+    f.set_len(12)
+        .expect("truncate to the current size is a no-op");
+    drop(f);
+    assert_eq!(
+        errno_of(
+            OpenOptions::new()
+                .write(true)
+                .truncate(true)
+                .open(m.p("open.bin"))
+        ),
+        libc::EOPNOTSUPP,
+        "O_TRUNC of a non-empty object"
+    );
+    let mut fin = OpenOptions::new()
+        .append(true)
+        .open(m.p("final.bin"))
+        .expect("open");
+    assert_eq!(
+        errno_of(fin.write_all(b"x")),
+        libc::EOPNOTSUPP,
+        "append to a finalized object"
+    );
+    drop(fin);
+    assert_eq!(bytes(&env.rt, &c, BUCKET, "open.bin"), b"0123456789ab");
+    assert_eq!(bytes(&env.rt, &c, BUCKET, "final.bin"), b"finalized object");
+    // O_TRUNC of an empty file is fine (nothing to cut).
+    std::fs::File::create(m.p("empty")).expect("create");
+    std::fs::write(m.p("empty"), b"now").expect("O_TRUNC of an empty object");
+    assert_eq!(bytes(&env.rt, &c, BUCKET, "empty"), b"now");
+}
+
+#[test]
+fn a_read_only_mount_refuses_every_write_with_erofs() {
+    let env = Env::new(BUCKET);
+    env.put(BUCKET, "a", b"data");
+    let mut cfg = env.config();
+    cfg.fs.read_only = true;
+    let m = env.mount(BUCKET, &cfg);
+    assert_eq!(errno_of(std::fs::File::create(m.p("new"))), libc::EROFS);
+    assert_eq!(
+        errno_of(OpenOptions::new().append(true).open(m.p("a"))),
+        libc::EROFS
+    );
+    assert_eq!(
+        errno_of(OpenOptions::new().write(true).open(m.p("a"))),
+        libc::EROFS
+    );
+    assert_eq!(errno_of(std::fs::write(m.p("a"), b"x")), libc::EROFS);
+    assert_eq!(std::fs::read(m.p("a")).expect("reads still work"), b"data");
+}
+
+#[test]
+fn another_mount_sees_every_fsynced_byte() {
+    let env = Env::new(BUCKET);
+    let a = env.mount(BUCKET, &env.config());
+    let b = env.mount(BUCKET, &env.config());
+    let mut f = std::fs::File::create(a.p("stream.log")).expect("create");
+    write_chunks(&mut f, 7, 4, 0);
+    f.sync_all().expect("fsync");
+    assert!(
+        std::fs::read(b.p("stream.log")).expect("read on B") == chunks(7, 4),
+        "B reads everything A fsynced, while A keeps the file open"
+    );
+    drop(f);
+}
+
+#[test]
+fn an_idle_writer_cannot_starve_the_others_of_write_budget() {
+    let env = Env::new(BUCKET);
+    let mut cfg = env.config();
+    // 16 MiB in all, so the write share is its 4 MiB floor.
+    cfg.cache.memory_mb = 16;
+    let m = env.mount(BUCKET, &cfg);
+    let c = client(&env.rt, &env.emu().endpoint());
+    let mut idle = std::fs::File::create(m.p("idle.bin")).expect("create");
+    write_chunks(&mut idle, 10, 4, 0);
+    // `idle` now holds the whole write budget in unpersisted bytes, and stays open.
+    // The busy writer is a child process: if it starved, it can be killed out of its
+    // write(2) (a thread of this process stuck on this process's mount could not be).
+    let mut dd = std::process::Command::new("dd")
+        .arg("if=/dev/zero")
+        .arg(format!("of={}", m.p("busy.bin").display()))
+        .args(["bs=1M", "count=16", "status=none"])
+        .spawn()
+        .expect("dd runs");
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = dd.try_wait().expect("wait") {
+            break Some(st);
+        }
+        if start.elapsed() > Duration::from_secs(30) {
+            let _ = dd.kill();
+            let _ = dd.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let status = status.expect("the busy writer finishes while the idle one holds its file open");
+    assert!(status.success(), "dd: {status}");
+    let zeros = vec![0u8; 16 * MIB];
+    assert_eq!(
+        meta(&env.rt, &c, BUCKET, "busy.bin").crc32c,
+        Some(crc32c::crc32c(&zeros))
+    );
+    assert_eq!(
+        meta(&env.rt, &c, BUCKET, "idle.bin").size,
+        4 * MIB as u64,
+        "the idle writer's bytes were made durable to free the budget"
+    );
+    drop(idle);
+}

@@ -1,0 +1,181 @@
+//! Durability across a daemon crash, and the daemon's memory while writing: the `rapidfs`
+//! binary (its own process) mounts the emulator of this test; it is killed with SIGKILL right
+//! after `fsync` or `close` returns, and the bucket must hold every acknowledged byte.
+//!
+//! Over loopback the emulator receives bytes almost as soon as they are handed to the stream,
+//! so a daemon that answered fsync without waiting would mostly get away with it. The crash
+//! tests therefore cut the write stream every 3.5 MiB: each stream keeps 3 MiB and drops the
+//! message that crosses the limit, so the last MiB of the 64 MiB file is dropped and must be
+//! resent on a new stream before fsync or close may return.
+
+mod mount_support;
+mod write_support;
+
+use mount_support::Env;
+use rapidfs::emulator::Faults;
+use std::io::Write;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use write_support::{bytes, chunk, chunks, client, meta, MIB};
+
+const BUCKET: &str = "crash";
+
+fn is_mounted(path: &Path) -> bool {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    let p = path.to_string_lossy();
+    info.lines()
+        .any(|l| l.split(' ').nth(4) == Some(p.as_ref()))
+}
+
+/// The daemon in the foreground on `mnt`, once its mount is live.
+fn daemon(env: &Env, mnt: &Path, extra: &[&str]) -> Child {
+    let child = Command::new(env!("CARGO_BIN_EXE_rapidfs"))
+        .args(["mount", BUCKET, "--foreground"])
+        .arg(mnt)
+        .args(["--endpoint", &env.emu().endpoint()])
+        .args(extra)
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("rapidfs runs");
+    let start = Instant::now();
+    while !is_mounted(mnt) {
+        assert!(start.elapsed() < Duration::from_secs(20), "daemon mounted");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
+}
+
+/// SIGKILL, reap, and detach the dead mount.
+fn kill(mut child: Child, mnt: &Path) {
+    // SAFETY: signalling our own child process.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGKILL) }, 0);
+    child.wait().expect("wait");
+    let st = Command::new("umount")
+        .arg("-l")
+        .arg(mnt)
+        .status()
+        .expect("umount runs");
+    assert!(st.success(), "umount -l {}", mnt.display());
+}
+
+fn cut_every_3_5_mib() -> Faults {
+    Faults {
+        cut_write_after_bytes: Some(7 * MIB as u64 / 2),
+        ..Faults::default()
+    }
+}
+
+#[test]
+fn sigkill_right_after_fsync_loses_no_fsynced_byte() {
+    let env = Env::new(BUCKET);
+    let c = client(&env.rt, &env.emu().endpoint());
+    let mnt = tempfile::tempdir().expect("tempdir");
+    env.emu().set_faults(cut_every_3_5_mib());
+    let child = daemon(&env, mnt.path(), &[]);
+    let mut f = std::fs::File::create(mnt.path().join("ckpt.bin")).expect("create");
+    for i in 0..64 {
+        f.write_all(&chunk(1, i)).expect("write");
+        if (i + 1) % 4 == 0 {
+            f.sync_all().expect("fsync");
+        }
+    }
+    kill(child, mnt.path());
+    drop(f);
+    let got = meta(&env.rt, &c, BUCKET, "ckpt.bin");
+    assert_eq!(got.size, 64 * MIB as u64, "every fsynced byte");
+    assert!(
+        bytes(&env.rt, &c, BUCKET, "ckpt.bin") == chunks(1, 64),
+        "exactly the bytes written"
+    );
+}
+
+#[test]
+fn sigkill_with_unsynced_bytes_keeps_the_fsynced_prefix_and_no_garbage() {
+    let env = Env::new(BUCKET);
+    let c = client(&env.rt, &env.emu().endpoint());
+    let mnt = tempfile::tempdir().expect("tempdir");
+    env.emu().set_faults(cut_every_3_5_mib());
+    let child = daemon(&env, mnt.path(), &[]);
+    let mut f = std::fs::File::create(mnt.path().join("half.bin")).expect("create");
+    for i in 0..42 {
+        f.write_all(&chunk(2, i)).expect("write");
+        if (i + 1) % 4 == 0 {
+            f.sync_all().expect("fsync");
+        }
+    }
+    // Chunks 40 and 41 were written after the last fsync: they may or may not have landed.
+    kill(child, mnt.path());
+    drop(f);
+    let got = bytes(&env.rt, &c, BUCKET, "half.bin");
+    assert!(got.len() >= 40 * MIB, "every fsynced byte: {}", got.len());
+    let source = chunks(2, 42);
+    assert!(
+        got[..] == source[..got.len()],
+        "nothing but the source, in order"
+    );
+}
+
+#[test]
+fn sigkill_right_after_close_loses_nothing() {
+    let env = Env::new(BUCKET);
+    let c = client(&env.rt, &env.emu().endpoint());
+    let mnt = tempfile::tempdir().expect("tempdir");
+    env.emu().set_faults(cut_every_3_5_mib());
+    let child = daemon(&env, mnt.path(), &[]);
+    let mut f = std::fs::File::create(mnt.path().join("closed.bin")).expect("create");
+    for i in 0..64 {
+        f.write_all(&chunk(3, i)).expect("write");
+    }
+    drop(f);
+    kill(child, mnt.path());
+    let got = meta(&env.rt, &c, BUCKET, "closed.bin");
+    assert_eq!(got.size, 64 * MIB as u64, "every closed byte");
+    assert!(bytes(&env.rt, &c, BUCKET, "closed.bin") == chunks(3, 64));
+}
+
+fn vm_hwm_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM")
+}
+
+#[test]
+fn sixteen_writers_of_256_mib_stay_within_the_memory_budget() {
+    let env = Env::new(BUCKET);
+    let c = client(&env.rt, &env.emu().endpoint());
+    let mnt = tempfile::tempdir().expect("tempdir");
+    let mut child = daemon(&env, mnt.path(), &["--memory-mb", "128"]);
+    let one = chunk(9, 0);
+    std::thread::scope(|s| {
+        for w in 0..16 {
+            let path = mnt.path().join(format!("w{w:02}.bin"));
+            let one = &one;
+            s.spawn(move || {
+                let mut f = std::fs::File::create(&path).expect("create");
+                for _ in 0..256 {
+                    f.write_all(one).expect("write");
+                }
+            });
+        }
+    });
+    let hwm_mib = vm_hwm_kib(child.id()) / 1024;
+    // SAFETY: signalling our own child process.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert!(child.wait().expect("wait").success());
+    let crc = (0..256).fold(0, |c, _| crc32c::crc32c_append(c, &one));
+    for w in 0..16 {
+        let got = meta(&env.rt, &c, BUCKET, &format!("w{w:02}.bin"));
+        assert_eq!(got.size, 256 * MIB as u64, "writer {w}");
+        assert_eq!(got.crc32c, Some(crc), "writer {w}");
+    }
+    eprintln!("daemon VmHWM {hwm_mib} MiB (budget 128 MiB)");
+    assert!(
+        hwm_mib < 128 + 64,
+        "daemon peak RSS {hwm_mib} MiB with a 128 MiB budget"
+    );
+}
