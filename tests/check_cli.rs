@@ -104,7 +104,7 @@ fn prints_every_line_and_json_against_the_emulator() {
     );
     assert!(!out.status.success());
     assert!(
-        text(&out.stdout).contains("verdict:        FAILED"),
+        text(&out.stdout).contains("verdict:       FAILED"),
         "{}",
         text(&out.stdout)
     );
@@ -126,7 +126,7 @@ fn dead_endpoint_and_missing_bucket_fail_fast_in_one_line() {
         stderr.starts_with("rapidfs: error: ") && stderr.contains(&closed[7..]),
         "{stderr}"
     );
-    assert!(text(&out.stdout).contains("verdict:        FAILED"));
+    assert!(text(&out.stdout).contains("verdict:       FAILED"));
 
     let out = check(
         home.path(),
@@ -249,7 +249,7 @@ fn over_tls_with_metadata_server_tokens() {
         "{stdout}"
     );
     assert!(stdout.contains("same-zone"), "{stdout}");
-    assert!(stdout.contains("verdict:        OK"), "{stdout}");
+    assert!(stdout.contains("verdict:       OK"), "{stdout}");
     let st = emu.stats();
     assert!(st.calls > 0 && st.bearer_valid == st.calls, "{st:?}");
     assert!(
