@@ -242,7 +242,16 @@ fn print_and_save(tcp: &Figure, figures: &[Figure], base: (f64, f64), cfg: &GcsC
         .unwrap_or_default()
         .trim()
         .to_string();
-    println!("\nclient benchmark ({cores} cores, kernel {kernel}, median of {RUNS} runs)");
+    // Other work on the machine skews every figure; the load says how much.
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .next()
+        .unwrap_or("?")
+        .to_string();
+    println!(
+        "\nclient benchmark ({cores} cores, kernel {kernel}, load {load}, median of {RUNS} runs)"
+    );
     println!(
         "{:<40} {:>20} {:>10} {:>10} {:>8}",
         "case", "median", "min", "max", "vs tcp"
@@ -265,7 +274,7 @@ fn print_and_save(tcp: &Figure, figures: &[Figure], base: (f64, f64), cfg: &GcsC
         ));
     }
     let text = format!(
-        "{{\n  \"bench\": \"client\",\n  \"cores\": {cores},\n  \"kernel\": {kernel:?},\n  \"runs\": {RUNS},\n  \"config\": {{\"connections\": {}, \"stream_window_kb\": {}, \"connection_window_kb\": {}, \"read_stream_window_kb\": {}, \"write_buffer_kb\": {}}},\n  \"results\": [\n{}\n  ]\n}}\n",
+        "{{\n  \"bench\": \"client\",\n  \"cores\": {cores},\n  \"kernel\": {kernel:?},\n  \"loadavg_1min_at_end\": {load:?},\n  \"runs\": {RUNS},\n  \"config\": {{\"connections\": {}, \"stream_window_kb\": {}, \"connection_window_kb\": {}, \"read_stream_window_kb\": {}, \"write_buffer_kb\": {}}},\n  \"results\": [\n{}\n  ]\n}}\n",
         cfg.connections,
         cfg.stream_window_kb,
         cfg.connection_window_kb,

@@ -76,9 +76,25 @@ fn mount_config(settings: &MountSettings) -> fuser::Config {
     cfg
 }
 
+/// How a mount is undone: by fuser (mounted by the mount syscall as root) or by
+/// `fusermount3 -u` (mounted through the setuid helper).
+enum Unmounter {
+    Session(fuser::SessionUnmounter),
+    Fusermount(std::path::PathBuf),
+}
+
+impl Unmounter {
+    fn unmount(&mut self) -> std::io::Result<()> {
+        match self {
+            Unmounter::Session(u) => u.unmount(),
+            Unmounter::Fusermount(path) => fusermount::unmount(path),
+        }
+    }
+}
+
 /// A live mount served by its own thread; unmounted when dropped.
 pub struct Mounted {
-    unmounter: fuser::SessionUnmounter,
+    unmounter: Unmounter,
     thread: Option<std::thread::JoinHandle<std::io::Result<()>>>,
     ended: Option<tokio::sync::oneshot::Receiver<()>>,
 }
@@ -93,8 +109,20 @@ impl Mounted {
         settings: &MountSettings,
     ) -> std::io::Result<Mounted> {
         let adapter = FuseAdapter { fs, rt };
-        let mut session = fuser::Session::new(adapter, mountpoint, &mount_config(settings))?;
-        let unmounter = session.unmount_callable();
+        let config = mount_config(settings);
+        // SAFETY: geteuid cannot fail and touches no memory.
+        let root = unsafe { libc::geteuid() } == 0;
+        let (session, unmounter) = if root {
+            let mut session = fuser::Session::new(adapter, mountpoint, &config)?;
+            let unmounter = Unmounter::Session(session.unmount_callable());
+            (session, unmounter)
+        } else {
+            // fuser opens /dev/fuse itself first and gives up when it may not; an ordinary
+            // user mounts through the setuid helper, as libfuse does.
+            let fd = fusermount::mount(mountpoint, &config)?;
+            let session = fuser::Session::from_fd(adapter, fd, config.acl, config.clone())?;
+            (session, Unmounter::Fusermount(mountpoint.to_path_buf()))
+        };
         let (tx, rx) = tokio::sync::oneshot::channel();
         let thread = std::thread::Builder::new()
             .name("fuse".to_string())
@@ -139,6 +167,131 @@ impl Drop for Mounted {
         if let Err(e) = self.finish() {
             tracing::warn!(error = %e, "unmount failed");
         }
+    }
+}
+
+/// Mounting and unmounting through `fusermount3`, for users who may not mount themselves.
+mod fusermount {
+    use fuser::MountOption;
+    use std::io;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::net::UnixStream;
+    use std::path::Path;
+    use std::process::Command;
+
+    fn option_string(o: &MountOption) -> String {
+        match o {
+            MountOption::FSName(n) => format!("fsname={n}"),
+            MountOption::Subtype(t) => format!("subtype={t}"),
+            MountOption::CUSTOM(c) => c.clone(),
+            MountOption::AutoUnmount => "auto_unmount".into(),
+            MountOption::DefaultPermissions => "default_permissions".into(),
+            MountOption::Dev => "dev".into(),
+            MountOption::NoDev => "nodev".into(),
+            MountOption::Suid => "suid".into(),
+            MountOption::NoSuid => "nosuid".into(),
+            MountOption::RO => "ro".into(),
+            MountOption::RW => "rw".into(),
+            MountOption::Exec => "exec".into(),
+            MountOption::NoExec => "noexec".into(),
+            MountOption::Atime => "atime".into(),
+            MountOption::NoAtime => "noatime".into(),
+            MountOption::DirSync => "dirsync".into(),
+            MountOption::Sync => "sync".into(),
+            MountOption::Async => "async".into(),
+        }
+    }
+
+    /// Runs `fusermount3 -o OPTIONS -- MOUNTPOINT` and receives the /dev/fuse descriptor it
+    /// passes back over a socket (the `_FUSE_COMMFD` protocol).
+    pub(super) fn mount(mountpoint: &Path, config: &fuser::Config) -> io::Result<OwnedFd> {
+        let mut opts: Vec<String> = config.mount_options.iter().map(option_string).collect();
+        if config.acl != fuser::SessionACL::Owner {
+            opts.push("allow_other".into());
+        }
+        let (ours, theirs) = UnixStream::pair()?;
+        // The helper must inherit its end: a dup carries no close-on-exec flag.
+        // SAFETY: dup of a descriptor we own; the copy is closed below.
+        let inherited = unsafe { libc::dup(theirs.as_raw_fd()) };
+        if inherited < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `inherited` was just created and is owned by nothing else.
+        let inherited = unsafe { OwnedFd::from_raw_fd(inherited) };
+        let out = Command::new("fusermount3")
+            .arg("-o")
+            .arg(opts.join(","))
+            .arg("--")
+            .arg(mountpoint)
+            .env("_FUSE_COMMFD", inherited.as_raw_fd().to_string())
+            .output()
+            .map_err(|e| io::Error::new(e.kind(), format!("cannot run fusermount3: {e}")))?;
+        drop(inherited);
+        drop(theirs);
+        if !out.status.success() {
+            let msg = String::from_utf8_lossy(&out.stderr);
+            return Err(io::Error::other(format!(
+                "fusermount3 failed: {}",
+                msg.trim().replace('\n', " ")
+            )));
+        }
+        receive_fd(&ours)
+    }
+
+    fn receive_fd(sock: &UnixStream) -> io::Result<OwnedFd> {
+        let mut byte = [0u8; 1];
+        let mut iov = libc::iovec {
+            iov_base: byte.as_mut_ptr().cast(),
+            iov_len: 1,
+        };
+        // u64 words keep the control buffer aligned for cmsghdr.
+        let mut control = [0u64; 8];
+        // SAFETY: msghdr is plain data; every pointer set below outlives the recvmsg call.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(&control) as _;
+        // SAFETY: a valid socket and a message whose buffers we own.
+        let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, 0) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: the CMSG macros walk the control buffer recvmsg filled and bounded.
+        unsafe {
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            if cmsg.is_null()
+                || (*cmsg).cmsg_level != libc::SOL_SOCKET
+                || (*cmsg).cmsg_type != libc::SCM_RIGHTS
+            {
+                return Err(io::Error::other(
+                    "fusermount3 passed no /dev/fuse descriptor",
+                ));
+            }
+            let fd = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg) as *const libc::c_int);
+            Ok(OwnedFd::from_raw_fd(fd))
+        }
+    }
+
+    /// `fusermount3 -u MOUNTPOINT`.
+    pub(super) fn unmount(mountpoint: &Path) -> io::Result<()> {
+        let out = Command::new("fusermount3")
+            .arg("-u")
+            .arg("--")
+            .arg(mountpoint)
+            .output()?;
+        if out.status.success() {
+            return Ok(());
+        }
+        let msg = String::from_utf8_lossy(&out.stderr);
+        // Already unmounted from outside: nothing left to do.
+        if msg.contains("not found") || msg.contains("not mounted") {
+            return Ok(());
+        }
+        Err(io::Error::other(format!(
+            "fusermount3 -u failed: {}",
+            msg.trim()
+        )))
     }
 }
 

@@ -262,3 +262,49 @@ fn sixty_four_readers_stay_within_the_memory_budget() {
     );
     eprintln!("daemon VmHWM {hwm_mib} MiB (budget 128 MiB)");
 }
+
+#[test]
+fn an_ordinary_user_mounts_through_fusermount3() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata("/dev/fuse")
+        .expect("/dev/fuse")
+        .permissions()
+        .mode();
+    assert!(
+        mode & 0o006 == 0o006,
+        "/dev/fuse is {mode:o}: users cannot mount (tests/setup.sh makes it 0666 as on stock Debian)"
+    );
+    let env = Env::new(BUCKET);
+    env.put(BUCKET, "u.txt", b"user mount");
+    let mnt = tempfile::tempdir().expect("tempdir");
+    let nobody = |cmd: &str| {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", cmd]);
+        c
+    };
+    std::os::unix::fs::chown(mnt.path(), Some(65534), Some(65534)).expect("chown");
+    let mut child = nobody(env!("CARGO_BIN_EXE_rapidfs"))
+        .args(["mount", BUCKET, "--foreground"])
+        .arg(mnt.path())
+        .args(["--endpoint", &env.emu().endpoint()])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("rapidfs runs as nobody");
+    wait_until("mounted by nobody", || is_mounted(mnt.path()));
+    let out = nobody("cat")
+        .arg(mnt.path().join("u.txt"))
+        .output()
+        .expect("cat runs");
+    assert_eq!(
+        out.stdout,
+        b"user mount",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // SAFETY: signalling our own child process (setpriv execs rapidfs in place).
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let status = child.wait().expect("wait");
+    assert!(status.success(), "clean exit after SIGTERM: {status}");
+    assert!(!is_mounted(mnt.path()), "fusermount3 -u ran");
+}

@@ -11,6 +11,12 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 
+# Ordinary users mount through fusermount3, which opens /dev/fuse with the user's rights:
+# make it 0666 as on a stock Debian system (some containers create it 0600).
+if [ "$(id -u)" = 0 ] && [ -c /dev/fuse ]; then
+  chmod 0666 /dev/fuse
+fi
+
 RAPIDFS_VENV="${RAPIDFS_VENV:-$HOME/.cache/rapidfs/venv}"
 if [ ! -x "$RAPIDFS_VENV/bin/python" ]; then
   python3 -m venv "$RAPIDFS_VENV"

@@ -132,6 +132,7 @@ struct Inner {
     stat_ttl: Duration,
     entry_ttl: Duration,
     attr_ttl: Duration,
+    root_key: String,
     inodes: InodeTable,
     listings: Option<moka::sync::Cache<u64, Arc<Listing>>>,
     negative: Option<moka::sync::Cache<(u64, String), ()>>,
@@ -188,7 +189,8 @@ impl Fs {
                 stat_ttl: ms(fs.stat_ttl_ms),
                 entry_ttl: ms(fs.kernel_entry_ttl_ms),
                 attr_ttl: ms(fs.kernel_attr_ttl_ms),
-                inodes: InodeTable::new(root),
+                inodes: InodeTable::new(root.clone()),
+                root_key: root,
                 listings: ttl_cache(ms(fs.list_ttl_ms), 4096),
                 negative: ttl_cache(ms(fs.negative_ttl_ms), 100_000),
                 warnings: ShadowWarnings::default(),
@@ -201,20 +203,11 @@ impl Fs {
 
     /// Checks that the bucket exists and answers: one listing call of the root, one entry.
     pub async fn check_bucket(&self) -> gcs::Result<()> {
-        let root = self.root();
         self.inner
             .client
-            .list_page(&self.inner.bucket, &list_request(&root.key, 1))
+            .list_page(&self.inner.bucket, &list_request(&self.inner.root_key, 1))
             .await
             .map(|_| ())
-    }
-
-    fn root(&self) -> Arc<Inode> {
-        // The root is created with the table and never forgotten.
-        self.inner
-            .inodes
-            .get(ROOT_INO)
-            .unwrap_or_else(|| unreachable!("the root inode is never removed"))
     }
 
     fn inode(&self, ino: u64) -> FsResult<Arc<Inode>> {

@@ -30,6 +30,8 @@ use tonic::Status;
 /// The wire limit of ranges in one request message.
 const MAX_RANGES_PER_MESSAGE: usize = 100;
 const REDIRECT_TYPE: &str = "google.storage.v2.BidiReadObjectRedirectedError";
+/// `read` results smaller than this are copied out of the receive buffer they arrived in.
+const OWN_COPY_BELOW: u64 = 256 * 1024;
 
 /// One BidiReadObject session: many ranges in flight, reconnects invisibly. Cheap to clone
 /// (Arc inside); clones share the stream. Dropping the last clone closes the stream.
@@ -128,6 +130,8 @@ impl BidiReader {
             return Err(self.shared.short(offset, len, got));
         }
         Ok(match chunks.len() {
+            // A small slice of a large receive buffer would pin all of it in a cache.
+            1 if len < OWN_COPY_BELOW => Bytes::copy_from_slice(&chunks[0]),
             1 => chunks.pop().unwrap_or_default(),
             _ => {
                 let mut buf = BytesMut::with_capacity(len as usize);
@@ -277,7 +281,7 @@ struct Session {
     /// A failure series is under way (no payload since the last break).
     failing: bool,
     last_error: Option<Status>,
-    /// The last break was a redirect: reconnect at once.
+    /// The last break was a redirect (or an idle close): reconnect at once.
     redirected: bool,
     counters: Arc<Counters>,
 }
@@ -514,13 +518,21 @@ impl Session {
     /// The stream broke with `s`: drop it, and decide whether a reconnect may follow.
     fn on_break(&mut self, s: Status, backoff: &mut Backoff) -> Result<()> {
         self.conn = None;
+        self.redirected = self.take_redirect(&s);
+        self.prune_cancelled();
+        if self.ranges.is_empty() {
+            // Nobody waits (servers end idle streams): reopen without delay when the next
+            // range comes, and let a lasting problem show itself then.
+            self.redirected = true;
+            self.failing = false;
+            return Ok(());
+        }
+        if !self.redirected && !retry::is_transient(&s) {
+            return Err(retry::map_status(&s, &self.what));
+        }
         if !self.failing {
             self.failing = true;
             backoff.reset();
-        }
-        self.redirected = self.take_redirect(&s);
-        if !self.redirected && !retry::is_transient(&s) {
-            return Err(retry::map_status(&s, &self.what));
         }
         tracing::debug!(object = %self.what, code = ?s.code(), msg = s.message(), "read stream broke");
         self.last_error = Some(s);
@@ -529,6 +541,11 @@ impl Session {
 
     /// Reopens with handle and routing token, asking for the remainder of every range.
     async fn reconnect(&mut self, backoff: &mut Backoff) -> Result<()> {
+        if !self.failing {
+            // The deadline counts from when a reconnect is first needed.
+            self.failing = true;
+            backoff.reset();
+        }
         loop {
             if self.redirected {
                 if Instant::now() >= backoff.deadline() {
@@ -540,6 +557,7 @@ impl Session {
             self.redirected = false;
             self.prune_cancelled();
             if self.ranges.is_empty() {
+                self.failing = false;
                 return Ok(());
             }
             self.counters.reconnects.fetch_add(1, Ordering::Relaxed);

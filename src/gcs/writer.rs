@@ -613,7 +613,13 @@ impl AppendWriter {
             tracing::debug!(object = %self.what, code = ?s.code(), msg = s.message(), "reopening write stream");
             let first = FirstMessage::AppendObjectSpec(self.append_spec(true));
             match self.open(first, true).await {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    if self.pending.len() == 0 {
+                        // Nothing left to prove progress with: this recovery is complete.
+                        self.failing = false;
+                    }
+                    return Ok(());
+                }
                 Err(Fail::Fatal(e)) => return Err(self.die(e)),
                 Err(Fail::Stream(next)) => s = next,
             }
