@@ -224,3 +224,61 @@ fn tokens_expiring_during_a_long_read_are_refreshed_without_an_error() {
     assert_eq!(st.bearer_missing, 0, "{st:?}");
     assert_eq!(st.bearer_valid, st.calls, "{st:?}");
 }
+
+#[test]
+fn the_emulator_command_serves_tls_and_requires_its_token() {
+    use std::io::BufRead;
+    let pki = TestPki::new();
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir(dir.path().join(BUCKET)).expect("bucket dir");
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert, &pki.cert_pem).expect("cert");
+    std::fs::write(&key, &pki.key_pem).expect("key");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_rapidfs"))
+        .args([
+            "emulator",
+            "--listen",
+            "127.0.0.1:0",
+            "--require-token",
+            "t0ken",
+        ])
+        .arg("--root")
+        .arg(dir.path())
+        .arg("--tls-cert")
+        .arg(&cert)
+        .arg("--tls-key")
+        .arg(&key)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("emulator runs");
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut first)
+        .expect("banner");
+    let endpoint = first
+        .split_whitespace()
+        .find(|w| w.starts_with("https://"))
+        .unwrap_or_else(|| panic!("no https endpoint in {first:?}"))
+        .to_string();
+    let cfg = GcsConfig {
+        endpoint,
+        ca_file: Some(pki.write_ca(dir.path())),
+        anonymous: true,
+        retry_deadline_ms: 2_000,
+        ..GcsConfig::default()
+    };
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let result = rt.block_on(async {
+        let client = Client::connect(&cfg)
+            .await
+            .expect("TLS handshake with the test CA");
+        client.list_page(BUCKET, &ListRequest::default()).await
+    });
+    // SAFETY: signalling our own child process.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let _ = child.wait();
+    let e = result.expect_err("no token, no listing");
+    assert!(matches!(e, Error::PermissionDenied(_)), "{e}");
+    assert!(e.to_string().contains("bearer token"), "{e}");
+}
