@@ -196,6 +196,8 @@ fn over_tls_with_a_google_application_credentials_file() {
             &ep,
             "--ca-file",
             ca.to_str().expect("utf8"),
+            "--log-level",
+            "trace",
         ],
         &[
             (
@@ -216,10 +218,13 @@ fn over_tls_with_a_google_application_credentials_file() {
         "{stdout}"
     );
     assert!(stdout.contains("not on GCE"), "{stdout}");
-    assert!(
-        !stdout.contains("user-token-") && !stdout.contains("test-secret"),
-        "{stdout}"
-    );
+    // Neither the report nor a trace-level log shows a token or the key material.
+    let stderr = text(&out.stderr);
+    assert!(stderr.lines().count() > 10, "trace logging is on: {stderr}");
+    for secret in ["user-token-", "test-secret", "test-refresh-token"] {
+        assert!(!stdout.contains(secret), "{secret} in {stdout}");
+        assert!(!stderr.contains(secret), "{secret} in the log");
+    }
     let st = emu.stats();
     assert!(st.calls > 0 && st.bearer_valid == st.calls, "{st:?}");
     assert_eq!(st.bearer_missing + st.bearer_invalid, 0, "{st:?}");
