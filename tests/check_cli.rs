@@ -141,8 +141,17 @@ fn dead_endpoint_and_missing_bucket_fail_fast_in_one_line() {
     );
 }
 
-/// A TLS emulator that accepts whatever token the fake hands out.
+/// A TLS emulator that accepts exactly the tokens the fake hands out.
 fn tls_setup(zone: Option<&str>) -> (tokio::runtime::Runtime, Arc<Emulator>, FakeGoogle, TestPki) {
+    let (rt, emu, fake, pki) = tls_counting(zone);
+    emu.allow_token("never-issued", Some(Duration::ZERO));
+    (rt, emu, fake, pki)
+}
+
+/// A TLS emulator that counts bearer tokens but refuses none (the fake's are known to it).
+fn tls_counting(
+    zone: Option<&str>,
+) -> (tokio::runtime::Runtime, Arc<Emulator>, FakeGoogle, TestPki) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -170,7 +179,6 @@ fn tls_setup(zone: Option<&str>) -> (tokio::runtime::Runtime, Arc<Emulator>, Fak
     emu.create_bucket(BUCKET).expect("bucket");
     emu.put_object(BUCKET, "f", bytes::Bytes::from_static(b"data"))
         .expect("put");
-    emu.allow_token("never-issued", Some(Duration::ZERO));
     let learner = emu.clone();
     let fake = FakeGoogle::start(
         &rt,
@@ -288,4 +296,72 @@ fn over_tls_with_metadata_server_tokens() {
             && stderr.contains(&closed),
         "names what was tried: {stderr}"
     );
+}
+
+#[test]
+fn over_tls_with_a_service_account_key_file() {
+    // The key is made by openssl (tests/setup.sh installs it): a service account signs its
+    // own JWT bearer tokens locally, with no token endpoint.
+    let (_rt, emu, _fake, pki) = tls_counting(None);
+    let home = tempfile::tempdir().expect("home");
+    let key = home.path().join("rsa.pem");
+    let made = Command::new("openssl")
+        .args([
+            "genpkey",
+            "-algorithm",
+            "RSA",
+            "-pkeyopt",
+            "rsa_keygen_bits:2048",
+            "-out",
+        ])
+        .arg(&key)
+        .output()
+        .expect("openssl runs");
+    assert!(made.status.success(), "{}", text(&made.stderr));
+    let pem = std::fs::read_to_string(&key).expect("key");
+    let sa = home.path().join("sa.json");
+    let json = serde_json::json!({
+        "type": "service_account",
+        "project_id": "test-project",
+        "private_key_id": "test-key-id",
+        "private_key": pem,
+        "client_email": "rapidfs-test@test-project.iam.gserviceaccount.com",
+        "client_id": "1234",
+        "token_uri": "http://127.0.0.1:1/token",
+    });
+    std::fs::write(&sa, json.to_string()).expect("write key file");
+    let ca = pki.write_ca(home.path());
+    let out = check(
+        home.path(),
+        &[
+            BUCKET,
+            "--endpoint",
+            &emu.endpoint(),
+            "--ca-file",
+            ca.to_str().expect("utf8"),
+            "--key-file",
+            sa.to_str().expect("utf8"),
+            "--log-level",
+            "trace",
+        ],
+        &[(
+            "GCE_METADATA_HOST",
+            &format!("127.0.0.1:{}", zonal_support::closed_port()),
+        )],
+    );
+    let stdout = text(&out.stdout);
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("credentials file") && stdout.contains("(service_account)"),
+        "{stdout}"
+    );
+    let body: String = pem.lines().nth(1).expect("key body").to_string();
+    assert!(
+        !stdout.contains(&body) && !stderr.contains(&body),
+        "key material leaked"
+    );
+    let st = emu.stats();
+    assert!(st.calls > 0, "{st:?}");
+    assert_eq!(st.bearer_missing, 0, "a bearer token on every call: {st:?}");
 }
