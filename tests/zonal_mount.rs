@@ -142,3 +142,70 @@ fn matching_zones_are_silent_and_a_closed_metadata_port_mounts_quickly() {
         "closed metadata port: {closed_time:?} vs {same_zone_time:?} with a live one"
     );
 }
+
+#[test]
+fn mounts_a_tls_endpoint_with_a_key_file_and_a_ca_file() {
+    use rapidfs::emulator::{Emulator, EmulatorOptions, Faults, Security};
+    use zonal_support::{authorized_user_file, TestPki};
+    let env = env();
+    let pki = TestPki::new();
+    let opts = EmulatorOptions {
+        root: None,
+        memory: true,
+        zone: "us-central1-a".to_string(),
+        faults: Faults::default(),
+    };
+    let security = Security {
+        tls: Some(pki.server_tls()),
+        tokens: vec![],
+    };
+    let emu = Arc::new(
+        env.rt
+            .block_on(Emulator::start_secure(
+                opts,
+                "127.0.0.1:0".parse().expect("addr"),
+                security,
+            ))
+            .expect("TLS emulator"),
+    );
+    emu.create_bucket(BUCKET).expect("bucket");
+    emu.put_object(BUCKET, "secure.txt", bytes::Bytes::from_static(b"over tls"))
+        .expect("put");
+    emu.allow_token("never-issued", Some(Duration::ZERO));
+    let learner = emu.clone();
+    let fake = FakeGoogle::start(
+        &env.rt,
+        Some("us-central1-a"),
+        Duration::from_secs(3600),
+        Arc::new(move |t, ttl| learner.allow_token(t, Some(ttl))),
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = pki.write_ca(dir.path());
+    let key = authorized_user_file(dir.path(), &fake.token_uri());
+    let mnt = tempfile::tempdir().expect("tempdir");
+    let out = Command::new(env!("CARGO_BIN_EXE_rapidfs"))
+        .args(["mount", BUCKET])
+        .arg(mnt.path())
+        .args(["--endpoint", &emu.endpoint(), "--ca-file"])
+        .arg(&ca)
+        .arg("--key-file")
+        .arg(&key)
+        .env("GCE_METADATA_HOST", &fake.host)
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .output()
+        .expect("rapidfs runs");
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(stderr, "", "same zone: silent");
+    let got = std::fs::read(mnt.path().join("secure.txt"));
+    unmount(mnt.path());
+    assert_eq!(got.expect("read through the mount"), b"over tls");
+    let st = emu.stats();
+    assert!(st.calls >= 3, "{st:?}");
+    assert_eq!(
+        st.bearer_valid, st.calls,
+        "every call had a valid token: {st:?}"
+    );
+    assert_eq!(st.bearer_missing + st.bearer_invalid, 0, "{st:?}");
+}
