@@ -1,6 +1,8 @@
 //! The command line: parse it with clap, set up logging, run the chosen subcommand, and turn
 //! any failure into one clear line on stderr and a non-zero exit code.
 
+mod access;
+mod check;
 mod emulator;
 mod mount;
 
@@ -30,6 +32,8 @@ pub enum Command {
     Emulator(emulator::EmulatorArgs),
     /// Mount a bucket on a local directory.
     Mount(Box<mount::MountArgs>),
+    /// Diagnose the connection to a bucket: credentials, reachability, zones, latency.
+    Check(check::CheckArgs),
 }
 
 /// Entry point of the binary: never panics on bad input, always one line per error.
@@ -41,6 +45,7 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Emulator(args) => emulator::run(args, cli.log_level, cli.log_format),
         Command::Mount(args) => mount::run(*args, cli.log_level, cli.log_format),
+        Command::Check(args) => check::run(args, cli.log_level, cli.log_format),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

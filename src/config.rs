@@ -22,6 +22,8 @@ pub struct Config {
     pub write: WriteConfig,
     /// Logging.
     pub log: LogConfig,
+    /// The zonal placement check at mount and in `rapidfs check`.
+    pub zonal: ZonalConfig,
 }
 
 /// The connection to the storage service and the retry policy of every call.
@@ -52,6 +54,12 @@ pub struct GcsConfig {
     pub read_stream_window_kb: u64,
     /// Unpersisted bytes one appendable writer may hold before `append` waits for a flush, in KiB.
     pub write_buffer_kb: u64,
+    /// PEM file of extra CA certificates trusted for `https://` endpoints, on top of the system's roots.
+    pub ca_file: Option<PathBuf>,
+    /// Credentials JSON file (service account key or `gcloud` authorized_user); unset means Application Default Credentials.
+    pub credentials_file: Option<PathBuf>,
+    /// Send no credentials at all (public buckets).
+    pub anonymous: bool,
 }
 
 impl Default for GcsConfig {
@@ -69,6 +77,9 @@ impl Default for GcsConfig {
             connection_window_kb: 64 * 1024,
             read_stream_window_kb: 32 * 1024,
             write_buffer_kb: 32 * 1024,
+            ca_file: None,
+            credentials_file: None,
+            anonymous: false,
         }
     }
 }
@@ -215,6 +226,40 @@ impl Default for LogConfig {
             format: LogFormat::Text,
         }
     }
+}
+
+/// The zonal placement check: compute zone (metadata server) against bucket zone.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ZonalConfig {
+    /// Refuse to mount when this machine and the bucket are in different zones.
+    pub require_same_zone: bool,
+    /// `auto` asks GetStorageLayout; `zonal` or `standard` skip the question (for when the call is denied).
+    pub bucket_type: BucketType,
+    /// How long to wait for the GCE metadata server before deciding this is not GCE, in milliseconds.
+    pub metadata_timeout_ms: u64,
+}
+
+impl Default for ZonalConfig {
+    fn default() -> Self {
+        Self {
+            require_same_zone: false,
+            bucket_type: BucketType::Auto,
+            metadata_timeout_ms: 500,
+        }
+    }
+}
+
+/// What kind of bucket to assume.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum BucketType {
+    /// Ask the service (GetStorageLayout).
+    Auto,
+    /// A Rapid (zonal) bucket.
+    Zonal,
+    /// A regional, dual-region or multi-region bucket.
+    Standard,
 }
 
 /// How log lines are written.

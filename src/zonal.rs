@@ -1,9 +1,11 @@
 //! Zonal placement check: the zone this machine runs in (from the GCE metadata server)
 //! against the zone the bucket lives in (from `StorageControl.GetStorageLayout`). Rapid's
 //! sub-millisecond reads exist only when both are the same zone, so a mismatch is worth one
-//! loud warning (or a refusal with `--require-same-zone`). Touches only the metadata server;
-//! the bucket's layout is handed in by the caller.
+//! loud warning (or a refusal with `--require-same-zone`). Touches the metadata server and,
+//! through `gcs::Client`, GetStorageLayout.
 
+use crate::config::{BucketType, ZonalConfig};
+use crate::gcs::Client as GcsClient;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -24,10 +26,13 @@ pub enum ComputeZone {
 /// Where the bucket lives, as GetStorageLayout reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BucketPlacement {
-    /// `location` of the layout: a zone such as `us-central1-a` for Rapid buckets.
+    /// `location` of the layout: the region in upper case (`US-CENTRAL1`) for Rapid buckets,
+    /// though some servers give the zone itself.
     pub location: String,
     /// `location_type`: `zone` for Rapid buckets; `region`, `dual-region`, `multi-region` else.
     pub location_type: String,
+    /// `custom_placement_config.data_locations`: the zone of a Rapid bucket.
+    pub data_locations: Vec<String>,
 }
 
 impl BucketPlacement {
@@ -35,6 +40,23 @@ impl BucketPlacement {
     pub fn is_zonal(&self) -> bool {
         self.location_type.eq_ignore_ascii_case("zone")
     }
+
+    /// The bucket's zone in lower case: its one data location, else the location when that
+    /// names a zone (`us-central1-a`); `None` when neither does.
+    pub fn zone(&self) -> Option<String> {
+        match self.data_locations.as_slice() {
+            [one] if is_zone(one) => Some(one.to_ascii_lowercase()),
+            _ if is_zone(&self.location) => Some(self.location.to_ascii_lowercase()),
+            _ => None,
+        }
+    }
+}
+
+/// `us-central1-a` is a zone; `us-central1` and `US` are not.
+fn is_zone(name: &str) -> bool {
+    name.rsplit_once('-').is_some_and(|(region, z)| {
+        region.contains('-') && z.len() == 1 && z.chars().all(|c| c.is_ascii_alphabetic())
+    })
 }
 
 /// The outcome of the check, with the words a user needs.
@@ -59,6 +81,18 @@ pub enum Verdict {
         /// The bucket's location type.
         location_type: String,
     },
+    /// The bucket is zonal but its zone is not known (layout denied under `--bucket-type zonal`).
+    ZoneUnknown {
+        /// Why.
+        reason: String,
+    },
+    /// GetStorageLayout failed and no `--bucket-type` was given.
+    Undetermined {
+        /// Why.
+        reason: String,
+    },
+    /// A local endpoint with `GCE_METADATA_HOST` unset: nothing to compare.
+    Skipped,
 }
 
 impl Verdict {
@@ -69,16 +103,22 @@ impl Verdict {
                 location_type: bucket.location_type.clone(),
             };
         }
-        match compute {
-            ComputeZone::NotOnGce(reason) => Verdict::NotOnGce {
+        match (compute, bucket.zone()) {
+            (ComputeZone::NotOnGce(reason), _) => Verdict::NotOnGce {
                 reason: reason.clone(),
             },
-            ComputeZone::Zone(zone) if zone.eq_ignore_ascii_case(&bucket.location) => {
+            (ComputeZone::Zone(_), None) => Verdict::ZoneUnknown {
+                reason: format!(
+                    "the service reports location {:?} and no zone",
+                    bucket.location
+                ),
+            },
+            (ComputeZone::Zone(zone), Some(b)) if zone.eq_ignore_ascii_case(&b) => {
                 Verdict::SameZone(zone.clone())
             }
-            ComputeZone::Zone(zone) => Verdict::ZoneMismatch {
+            (ComputeZone::Zone(zone), Some(b)) => Verdict::ZoneMismatch {
                 compute: zone.clone(),
-                bucket: bucket.location.clone(),
+                bucket: b,
             },
         }
     }
@@ -99,6 +139,32 @@ impl Verdict {
                 "the bucket is not zonal (location type {location_type:?}): reads work, but \
                  appendable writes and Rapid latency need a Rapid (zonal) bucket"
             ),
+            Verdict::ZoneUnknown { reason } => {
+                format!("the bucket's zone is unknown ({reason}): the zone check is skipped")
+            }
+            Verdict::Undetermined { reason } => format!(
+                "cannot tell whether the bucket is zonal ({reason}); pass --bucket-type \
+                 zonal or --bucket-type standard"
+            ),
+            Verdict::Skipped => {
+                "local endpoint and GCE_METADATA_HOST unset: the zone check is skipped".to_string()
+            }
+        }
+    }
+
+    /// True when the user should see this verdict even without a log (mismatch, not on GCE,
+    /// not zonal, unknown); a match or a skipped check is silent.
+    pub fn worth_saying(&self) -> bool {
+        !matches!(self, Verdict::SameZone(_) | Verdict::Skipped)
+    }
+
+    /// "warning" or "note": how loud the verdict is.
+    pub fn severity(&self) -> &'static str {
+        match self {
+            Verdict::ZoneMismatch { .. }
+            | Verdict::NotZonal { .. }
+            | Verdict::Undetermined { .. } => "warning",
+            _ => "note",
         }
     }
 
@@ -110,11 +176,9 @@ impl Verdict {
     /// Logs the verdict at the level it deserves: mismatches and non-zonal buckets warn.
     pub fn log(&self) {
         match self {
-            Verdict::SameZone(_) => tracing::debug!("{}", self.message()),
-            Verdict::NotOnGce { .. } => tracing::info!("{}", self.message()),
-            Verdict::ZoneMismatch { .. } | Verdict::NotZonal { .. } => {
-                tracing::warn!("{}", self.message())
-            }
+            Verdict::SameZone(_) | Verdict::Skipped => tracing::debug!("{}", self.message()),
+            _ if self.severity() == "warning" => tracing::warn!("{}", self.message()),
+            _ => tracing::info!("{}", self.message()),
         }
     }
 }
@@ -128,6 +192,109 @@ pub fn metadata_host(endpoint_is_loopback: bool) -> Option<String> {
         Ok(host) if !host.is_empty() => Some(host),
         _ if endpoint_is_loopback => None,
         _ => Some(DEFAULT_METADATA_HOST.to_string()),
+    }
+}
+
+/// True when the endpoint URL names a loopback host (an emulator on this machine).
+pub fn endpoint_is_loopback(endpoint: &str) -> bool {
+    let rest = endpoint.split_once("://").map_or(endpoint, |(_, r)| r);
+    let host_port = rest.split('/').next().unwrap_or("");
+    let host = match host_port.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => host_port.rsplit_once(':').map_or(host_port, |(h, _)| h),
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Everything the check found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    /// This machine's zone (or why there is none); `None` when the probe was skipped.
+    pub compute: Option<ComputeZone>,
+    /// The bucket's placement, or why it is unknown.
+    pub bucket: Result<BucketPlacement, String>,
+    /// The outcome.
+    pub verdict: Verdict,
+}
+
+/// Longest wait for GetStorageLayout: the check must never hold a mount for long.
+const LAYOUT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Runs the whole check: the metadata server and GetStorageLayout at the same time.
+pub async fn check(client: &GcsClient, bucket: &str, cfg: &ZonalConfig) -> Report {
+    let host = metadata_host(endpoint_is_loopback(&client.config().endpoint));
+    let timeout = Duration::from_millis(cfg.metadata_timeout_ms);
+    let compute = async {
+        match &host {
+            Some(h) => Some(compute_zone(h, timeout).await),
+            None => None,
+        }
+    };
+    let layout = async {
+        if cfg.bucket_type == BucketType::Standard {
+            return Ok(BucketPlacement {
+                location: String::new(),
+                location_type: "standard (--bucket-type)".to_string(),
+                data_locations: vec![],
+            });
+        }
+        match tokio::time::timeout(LAYOUT_TIMEOUT, client.get_storage_layout(bucket)).await {
+            Ok(Ok(l)) => Ok(BucketPlacement {
+                location: l.location,
+                location_type: l.location_type,
+                data_locations: l.data_locations,
+            }),
+            Ok(Err(e)) => Err(format!("GetStorageLayout: {e}")),
+            Err(_) => Err(format!(
+                "GetStorageLayout: no answer within {} s",
+                LAYOUT_TIMEOUT.as_secs()
+            )),
+        }
+    };
+    let (compute, bucket) = tokio::join!(compute, layout);
+    let verdict = decide(compute.as_ref(), &bucket, cfg.bucket_type);
+    Report {
+        compute,
+        bucket,
+        verdict,
+    }
+}
+
+/// The verdict from what was found and what the user said the bucket is.
+fn decide(
+    compute: Option<&ComputeZone>,
+    bucket: &Result<BucketPlacement, String>,
+    bucket_type: BucketType,
+) -> Verdict {
+    let placement = match (bucket, bucket_type) {
+        (Ok(p), BucketType::Zonal) if !p.is_zonal() => BucketPlacement {
+            location_type: "zone".to_string(),
+            ..p.clone()
+        },
+        (Ok(p), _) => p.clone(),
+        (Err(reason), BucketType::Zonal) => {
+            return match compute {
+                Some(ComputeZone::NotOnGce(r)) => Verdict::NotOnGce { reason: r.clone() },
+                _ => Verdict::ZoneUnknown {
+                    reason: reason.clone(),
+                },
+            }
+        }
+        (Err(reason), _) => {
+            return Verdict::Undetermined {
+                reason: reason.clone(),
+            }
+        }
+    };
+    match compute {
+        Some(c) => Verdict::of(c, &placement),
+        None if !placement.is_zonal() => Verdict::NotZonal {
+            location_type: placement.location_type,
+        },
+        None => Verdict::Skipped,
     }
 }
 
@@ -236,7 +403,86 @@ mod tests {
         BucketPlacement {
             location: location.into(),
             location_type: "zone".into(),
+            data_locations: vec![],
         }
+    }
+
+    /// The shape real Rapid buckets (and our emulator) report: the region in upper case as
+    /// the location, the zone in the data locations.
+    fn rapid(region: &str, zone: &str) -> BucketPlacement {
+        BucketPlacement {
+            location: region.into(),
+            location_type: "zone".into(),
+            data_locations: vec![zone.into()],
+        }
+    }
+
+    #[test]
+    fn zone_comes_from_data_locations_or_a_zonal_location() {
+        let b = rapid("US-CENTRAL1", "us-central1-a");
+        assert_eq!(b.zone().as_deref(), Some("us-central1-a"));
+        assert_eq!(
+            zonal("US-CENTRAL1-A").zone().as_deref(),
+            Some("us-central1-a")
+        );
+        assert_eq!(zonal("US-CENTRAL1").zone(), None);
+        let here = ComputeZone::Zone("us-central1-a".into());
+        assert_eq!(
+            Verdict::of(&here, &b),
+            Verdict::SameZone("us-central1-a".into())
+        );
+        let v = Verdict::of(&ComputeZone::Zone("us-central1-b".into()), &b);
+        assert_eq!(
+            v,
+            Verdict::ZoneMismatch {
+                compute: "us-central1-b".into(),
+                bucket: "us-central1-a".into()
+            }
+        );
+        assert!(matches!(
+            Verdict::of(&here, &zonal("US-CENTRAL1")),
+            Verdict::ZoneUnknown { .. }
+        ));
+    }
+
+    #[test]
+    fn bucket_type_overrides_and_failed_layouts() {
+        let here = ComputeZone::Zone("us-central1-a".into());
+        let denied: Result<BucketPlacement, String> = Err("permission denied".into());
+        assert!(matches!(
+            decide(Some(&here), &denied, BucketType::Auto),
+            Verdict::Undetermined { .. }
+        ));
+        assert!(matches!(
+            decide(Some(&here), &denied, BucketType::Zonal),
+            Verdict::ZoneUnknown { .. }
+        ));
+        let regional = Ok(BucketPlacement {
+            location: "US-CENTRAL1".into(),
+            location_type: "region".into(),
+            data_locations: vec![],
+        });
+        assert!(matches!(
+            decide(None, &regional, BucketType::Auto),
+            Verdict::NotZonal { .. }
+        ));
+        assert_eq!(
+            decide(
+                None,
+                &Ok(rapid("US-CENTRAL1", "us-central1-a")),
+                BucketType::Auto
+            ),
+            Verdict::Skipped
+        );
+    }
+
+    #[test]
+    fn loopback_endpoints() {
+        assert!(endpoint_is_loopback("http://127.0.0.1:8099"));
+        assert!(endpoint_is_loopback("https://localhost:443/"));
+        assert!(endpoint_is_loopback("http://[::1]:80"));
+        assert!(!endpoint_is_loopback("https://storage.googleapis.com"));
+        assert!(!endpoint_is_loopback("http://10.0.0.1:80"));
     }
 
     #[test]
@@ -265,6 +511,7 @@ mod tests {
         let regional = BucketPlacement {
             location: "US-CENTRAL1".into(),
             location_type: "region".into(),
+            data_locations: vec![],
         };
         let v = Verdict::of(&ComputeZone::Zone("us-central1-a".into()), &regional);
         assert!(matches!(v, Verdict::NotZonal { .. }));

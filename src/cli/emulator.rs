@@ -3,7 +3,7 @@
 //! binds the address, prints the endpoint, and serves until SIGINT or SIGTERM.
 
 use crate::config::LogFormat;
-use crate::emulator::{serve, EmulatorOptions, Faults};
+use crate::emulator::{serve_secure, EmulatorOptions, Faults, Security, ServerTls};
 use anyhow::Context;
 use clap::Args;
 use serde::Deserialize;
@@ -49,6 +49,15 @@ pub struct EmulatorArgs {
     /// Random chunk sizes, interleaved read_ids, trailing empty chunks.
     #[arg(long)]
     pub chaos: bool,
+    /// Serve TLS with this PEM certificate (needs --tls-key); the endpoint becomes https://.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Refuse calls without `authorization: Bearer TOKEN` (may be repeated).
+    #[arg(long, value_name = "TOKEN")]
+    pub require_token: Vec<String>,
 }
 
 /// The `--config` file: only the `[emulator]` table.
@@ -168,6 +177,18 @@ pub fn run(
         log_level.as_deref().unwrap_or("info"),
         log_format.unwrap_or(LogFormat::Text),
     );
+    let security = Security {
+        tls: match (&args.tls_cert, &args.tls_key) {
+            (Some(cert), Some(key)) => Some(ServerTls::from_files(cert, key)?),
+            _ => None,
+        },
+        tokens: args.require_token.clone(),
+    };
+    let scheme = if security.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
     let (opts, listen) = resolve(args)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -184,12 +205,12 @@ pub fn run(
             (None, _) => "memory".to_string(),
         };
         println!(
-            "rapidfs emulator listening on http://{addr} ({what}, zone {})",
+            "rapidfs emulator listening on {scheme}://{addr} ({what}, zone {})",
             opts.zone
         );
         let _ = std::io::stdout().flush();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = serve(listener, opts, async move {
+        let server = serve_secure(listener, opts, security, async move {
             let _ = stopped.await;
         });
         tokio::pin!(server);

@@ -72,6 +72,9 @@ pub struct MountArgs {
     /// Where the background daemon writes its log (default: nowhere).
     #[arg(long)]
     pub log_file: Option<PathBuf>,
+    /// Credentials, TLS and zonal-check flags.
+    #[command(flatten)]
+    pub access: super::access::AccessArgs,
 }
 
 fn parse_mode(s: &str) -> Result<u32, String> {
@@ -138,6 +141,7 @@ fn config(args: &MountArgs) -> anyhow::Result<Config> {
     if let Some(kb) = args.read_ahead_kb {
         cfg.read.kernel_read_ahead_kb = kb;
     }
+    args.access.apply(&mut cfg);
     Ok(cfg)
 }
 
@@ -168,6 +172,13 @@ enum Ready {
 }
 
 impl Ready {
+    /// A line for whoever started the mount (in the foreground the log already shows it).
+    fn note(&mut self, line: &str) {
+        if let Ready::Pipe(f) = self {
+            let _ = f.write_all(format!("note: {line}\n").as_bytes());
+        }
+    }
+
     /// Sends the one line of verdict (once) and closes the pipe.
     fn send(&mut self, line: &str) {
         if let Ready::Pipe(mut f) = std::mem::replace(self, Ready::Sent) {
@@ -214,10 +225,17 @@ fn daemonize(
         }
         _child => {
             drop(wr);
+            let mut pipe = std::io::BufReader::new(std::fs::File::from(rd));
             let mut verdict = String::new();
-            std::io::BufReader::new(std::fs::File::from(rd))
-                .read_line(&mut verdict)
-                .context("reading the daemon's verdict")?;
+            loop {
+                verdict.clear();
+                pipe.read_line(&mut verdict)
+                    .context("reading the daemon's verdict")?;
+                match verdict.trim_end().strip_prefix("note: ") {
+                    Some(note) => eprintln!("rapidfs: {note}"),
+                    None => break,
+                }
+            }
             match verdict.trim_end() {
                 "ok" => Ok(()),
                 "" => bail!("the daemon exited before the mount was ready"),
@@ -248,7 +266,14 @@ fn serve(
     if let Some(emu) = &emulator {
         cfg.gcs.endpoint = emu.endpoint();
     }
-    let fs = rt.block_on(connect(&args.bucket, &cfg))?;
+    let (fs, zonal) = rt.block_on(connect(&args.bucket, &cfg))?;
+    zonal.log();
+    if zonal.refuses(cfg.zonal.require_same_zone) {
+        bail!("{} (--require-same-zone: not mounting)", zonal.message());
+    }
+    if zonal.worth_saying() {
+        ready.note(&format!("{}: {}", zonal.severity(), zonal.message()));
+    }
     let (mut sigint, mut sigterm) = {
         let _guard = rt.enter();
         use tokio::signal::unix::{signal, SignalKind};
@@ -324,18 +349,20 @@ async fn start_emulator(dir: &Path) -> anyhow::Result<Emulator> {
         .map_err(|e| anyhow!("cannot start the emulator over {}: {e:#}", dir.display()))
 }
 
-/// Connects and checks that the bucket answers, within `fs.mount_timeout_ms`.
-async fn connect(bucket: &str, cfg: &Config) -> anyhow::Result<Fs> {
+/// Connects, checks that the bucket answers and runs the zonal check, within
+/// `fs.mount_timeout_ms`.
+async fn connect(bucket: &str, cfg: &Config) -> anyhow::Result<(Fs, crate::zonal::Verdict)> {
     let endpoint = &cfg.gcs.endpoint;
     let deadline = Duration::from_millis(cfg.fs.mount_timeout_ms);
     let attempt = async {
         let client = Client::connect(&cfg.gcs).await?;
-        let fs = Fs::new(client, bucket, cfg);
+        let fs = Fs::new(client.clone(), bucket, cfg);
         fs.check_bucket().await?;
-        Ok::<Fs, gcs::Error>(fs)
+        let zonal = crate::zonal::check(&client, bucket, &cfg.zonal).await;
+        Ok::<_, gcs::Error>((fs, zonal.verdict))
     };
     match tokio::time::timeout(deadline, attempt).await {
-        Ok(Ok(fs)) => Ok(fs),
+        Ok(Ok(found)) => Ok(found),
         Ok(Err(gcs::Error::NotFound(_))) => bail!("bucket '{bucket}' not found at {endpoint}"),
         Ok(Err(e)) => bail!("cannot use bucket '{bucket}' at {endpoint}: {e}"),
         Err(_) => bail!(

@@ -5,8 +5,10 @@
 //! Layout: `store` (the object model and API rules) over a backend (`memory` or
 //! `directory`) holding `content` (one generation's bytes); the RPCs in `read`
 //! (BidiReadObject), `write` (BidiWriteObject), `unary`, `listing` and `control`, wired to the
-//! generated traits in `service`; `faults`, `stats` and `wire` (shared call plumbing).
+//! generated traits in `service`; `faults`, `stats` and `wire` (shared call plumbing);
+//! `auth` (optional TLS and bearer-token check).
 
+mod auth;
 mod content;
 mod control;
 mod directory;
@@ -23,6 +25,7 @@ mod unary;
 mod wire;
 mod write;
 
+pub use auth::{Security, ServerTls};
 pub use faults::Faults;
 pub use stats::StatsSnapshot;
 
@@ -64,6 +67,7 @@ pub(crate) struct Service {
     store: Arc<Store>,
     calls: wire::Calls,
     zone: String,
+    tokens: Arc<auth::TokenCheck>,
 }
 
 impl Service {
@@ -93,6 +97,7 @@ impl Service {
                 faults: FaultState::new(opts.faults.clone()),
             },
             zone,
+            tokens: Arc::default(),
         })
     }
 
@@ -109,20 +114,36 @@ impl Service {
     async fn run(
         self,
         listener: tokio::net::TcpListener,
+        tls: Option<ServerTls>,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
+        use tonic::service::interceptor::InterceptedService;
         let incoming =
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-        tonic::transport::Server::builder()
+        let check = auth::Interceptor {
+            check: self.tokens.clone(),
+            stats: self.calls.stats.clone(),
+        };
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = &tls {
+            builder = builder
+                .tls_config(tls.config())
+                .context("bad TLS certificate or key")?;
+        }
+        builder
             .initial_stream_window_size(STREAM_WINDOW)
             .initial_connection_window_size(CONNECTION_WINDOW)
             .max_frame_size(1024 * 1024 - 1)
-            .add_service(
+            .add_service(InterceptedService::new(
                 StorageServer::new(self.clone())
                     .max_decoding_message_size(MAX_MESSAGE)
                     .max_encoding_message_size(MAX_MESSAGE),
-            )
-            .add_service(StorageControlServer::new(self))
+                check.clone(),
+            ))
+            .add_service(InterceptedService::new(
+                StorageControlServer::new(self),
+                check,
+            ))
             .serve_with_incoming_shutdown(incoming, shutdown)
             .await
             .context("the gRPC server failed")
@@ -143,7 +164,21 @@ pub async fn serve(
     opts: EmulatorOptions,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    Service::new(&opts)?.run(listener, shutdown).await
+    serve_secure(listener, opts, Security::default(), shutdown).await
+}
+
+/// `serve` with TLS and/or a bearer-token check.
+pub async fn serve_secure(
+    listener: tokio::net::TcpListener,
+    opts: EmulatorOptions,
+    security: Security,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let service = Service::new(&opts)?;
+    for t in &security.tokens {
+        service.tokens.allow(t, None);
+    }
+    service.run(listener, security.tls, shutdown).await
 }
 
 /// A running in-process emulator (tests, benchmarks, `mount --emulator`).
@@ -152,18 +187,32 @@ pub struct Emulator {
     service: Service,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+    tls: bool,
 }
 
 impl Emulator {
     /// Binds `listen` (use "127.0.0.1:0" in tests) and serves until `shutdown()` or drop.
     pub async fn start(opts: EmulatorOptions, listen: SocketAddr) -> anyhow::Result<Emulator> {
+        Emulator::start_secure(opts, listen, Security::default()).await
+    }
+
+    /// `start` with TLS (the endpoint becomes `https://`) and/or a bearer-token check.
+    pub async fn start_secure(
+        opts: EmulatorOptions,
+        listen: SocketAddr,
+        security: Security,
+    ) -> anyhow::Result<Emulator> {
         let service = Service::new(&opts)?;
+        for t in &security.tokens {
+            service.tokens.allow(t, None);
+        }
+        let tls = security.tls.is_some();
         let listener = tokio::net::TcpListener::bind(listen)
             .await
             .with_context(|| format!("cannot listen on {listen}"))?;
         let addr = listener.local_addr()?;
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(service.clone().run(listener, async move {
+        let task = tokio::spawn(service.clone().run(listener, security.tls, async move {
             let _ = stopped.await;
         }));
         Ok(Emulator {
@@ -171,6 +220,7 @@ impl Emulator {
             service,
             stop: Some(stop),
             task: Some(task),
+            tls,
         })
     }
 
@@ -179,9 +229,16 @@ impl Emulator {
         self.addr
     }
 
-    /// "http://127.0.0.1:PORT"
+    /// "http://127.0.0.1:PORT" ("https://" in TLS mode)
     pub fn endpoint(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
+    }
+
+    /// Accepts the bearer `token` from now on, for `valid_for` (forever when `None`); from the
+    /// first allowed token on, calls without a valid token are refused (UNAUTHENTICATED).
+    pub fn allow_token(&self, token: &str, valid_for: Option<std::time::Duration>) {
+        self.service.tokens.allow(token, valid_for)
     }
 
     /// A snapshot of the counters.

@@ -30,6 +30,12 @@ pub struct StatsSnapshot {
     pub read_messages: u64,
     /// Streams and calls ended by an injected fault (cut, unavailable, redirect).
     pub faults_injected: u64,
+    /// Calls and stream opens carrying a bearer token the emulator accepts (see `Emulator::allow_token`).
+    pub bearer_valid: u64,
+    /// Calls and stream opens without an `authorization: Bearer` header.
+    pub bearer_missing: u64,
+    /// Calls and stream opens with an unknown or expired bearer token.
+    pub bearer_invalid: u64,
 }
 
 macro_rules! counters {
@@ -64,7 +70,10 @@ counters!(
     get_object_calls,
     missing_routing_header,
     read_messages,
-    faults_injected
+    faults_injected,
+    bearer_valid,
+    bearer_missing,
+    bearer_invalid
 );
 
 /// Adds `n` to a counter.

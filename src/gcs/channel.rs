@@ -1,12 +1,13 @@
 //! Builds the HTTP/2 connections of a `Client`: one tonic `Endpoint` per configured
 //! connection, with large flow-control windows (a single bidi read stream must be able to
 //! fill a fast link), `TCP_NODELAY`, HTTP/2 keep-alive, 1 MiB frames; `https://` uses TLS
-//! with the system's trust store. Touches only tonic's transport.
+//! with the system's trust store plus an optional CA file (`gcs.ca_file`). Touches only
+//! tonic's transport (credentials are added on top, in `auth`).
 
 use super::{Error, Result};
 use crate::config::GcsConfig;
 use std::time::Duration;
-use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 /// Keep-alive pings find dead connections while a stream waits for data.
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
@@ -44,9 +45,14 @@ fn endpoint(cfg: &GcsConfig) -> Result<Endpoint> {
     let mut ep = Endpoint::from_shared(url.to_string())
         .map_err(|e| Error::InvalidArgument(format!("endpoint {url}: {e}")))?;
     if tls {
-        // The system's trust store; credentials (OAuth metadata) come with the zonal issue.
+        let mut tls = ClientTlsConfig::new().with_native_roots();
+        if let Some(path) = &cfg.ca_file {
+            let pem = std::fs::read(path)
+                .map_err(|e| Error::InvalidArgument(format!("CA file {}: {e}", path.display())))?;
+            tls = tls.ca_certificate(Certificate::from_pem(pem));
+        }
         ep = ep
-            .tls_config(ClientTlsConfig::new().with_native_roots())
+            .tls_config(tls)
             .map_err(|e| Error::InvalidArgument(format!("endpoint {url}: TLS: {e}")))?;
     }
     Ok(ep

@@ -6,6 +6,7 @@
 //! `BidiWriteObject` stream. Every call carries the `x-goog-request-params` routing header and
 //! is retried under one policy (`retry`). May touch `crate::proto` and `crate::config` only.
 
+mod auth;
 mod buffer;
 mod channel;
 mod meta;
@@ -24,9 +25,9 @@ pub use writer::AppendWriter;
 use crate::config::GcsConfig;
 use crate::proto::control::storage_control_client::StorageControlClient;
 use crate::proto::storage::storage_client::StorageClient;
+use auth::{Auth, AuthChannel};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use tonic::transport::Channel;
 
 /// Everything that can go wrong, classified so fs/ can map it to an errno.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -78,19 +79,22 @@ pub struct Client {
 
 struct Inner {
     cfg: GcsConfig,
-    channels: Vec<Channel>,
+    channels: Vec<AuthChannel>,
     next: AtomicUsize,
+    auth: Auth,
 }
 
 impl Client {
     /// Connects to `cfg.endpoint` (`http://` plaintext or `https://` TLS).
     pub async fn connect(cfg: &GcsConfig) -> Result<Client> {
+        let auth = Auth::new(cfg).await?;
         let channels = channel::connect(cfg).await?;
         Ok(Client {
             inner: Arc::new(Inner {
                 cfg: cfg.clone(),
-                channels,
+                channels: channels.into_iter().map(|c| auth.channel(c)).collect(),
                 next: AtomicUsize::new(0),
+                auth,
             }),
         })
     }
@@ -100,8 +104,13 @@ impl Client {
         &self.inner.cfg
     }
 
+    /// Where this client's credentials come from, in words (never the credentials).
+    pub fn credentials_source(&self) -> &str {
+        self.inner.auth.source()
+    }
+
     /// A stub on the next connection of the pool (round robin, so streams spread out).
-    fn stub(&self) -> StorageClient<Channel> {
+    fn stub(&self) -> StorageClient<AuthChannel> {
         let i = self.inner.next.fetch_add(1, Ordering::Relaxed) % self.inner.channels.len();
         StorageClient::new(self.inner.channels[i].clone())
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
@@ -109,7 +118,7 @@ impl Client {
     }
 
     /// A StorageControl stub on the next connection of the pool.
-    fn control_stub(&self) -> StorageControlClient<Channel> {
+    fn control_stub(&self) -> StorageControlClient<AuthChannel> {
         let i = self.inner.next.fetch_add(1, Ordering::Relaxed) % self.inner.channels.len();
         StorageControlClient::new(self.inner.channels[i].clone())
     }

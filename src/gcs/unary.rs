@@ -33,6 +33,8 @@ pub struct StorageLayout {
     pub location_type: String,
     /// Whether the hierarchical namespace is enabled.
     pub hierarchical_namespace: bool,
+    /// The custom placement's data locations (the zone of a Rapid bucket).
+    pub data_locations: Vec<String>,
 }
 
 impl Client {
@@ -194,6 +196,10 @@ impl Client {
             location: l.location,
             location_type: l.location_type,
             hierarchical_namespace: l.hierarchical_namespace.is_some_and(|h| h.enabled),
+            data_locations: l
+                .custom_placement_config
+                .map(|c| c.data_locations)
+                .unwrap_or_default(),
         })
     }
 }
