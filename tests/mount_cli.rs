@@ -186,6 +186,49 @@ fn sigterm_unmounts_a_foreground_mount() {
     assert!(!is_mounted(mnt.path()));
 }
 
+/// The systemd unit is `Type=notify`: a foreground mount must say READY=1 on
+/// `$NOTIFY_SOCKET` once the mount is live (not before), and STOPPING=1 on SIGTERM.
+#[test]
+fn foreground_mount_notifies_systemd_once_live() {
+    let env = Env::new(BUCKET);
+    env.put(BUCKET, "a", b"hello");
+    let mnt = tempfile::tempdir().expect("tempdir");
+    let sock_dir = tempfile::tempdir().expect("tempdir");
+    let sock_path = sock_dir.path().join("notify");
+    let sock = std::os::unix::net::UnixDatagram::bind(&sock_path).expect("bind");
+    sock.set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    let mut child = rapidfs()
+        .args(["mount", BUCKET, "--foreground"])
+        .arg(mnt.path())
+        .args(["--endpoint", &env.emu().endpoint()])
+        .env("NOTIFY_SOCKET", &sock_path)
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("rapidfs runs");
+    let mut buf = [0u8; 256];
+    let Ok(n) = sock.recv(&mut buf) else {
+        // Stop the daemon first, so a failure here cannot leave a mount behind.
+        // SAFETY: signalling our own child process.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let _ = child.wait();
+        panic!("no READY=1 on NOTIFY_SOCKET within 30 s");
+    };
+    assert_eq!(&buf[..n], b"READY=1\n");
+    assert!(
+        is_mounted(mnt.path()),
+        "READY=1 came before the mount was live"
+    );
+    assert_eq!(std::fs::read(mnt.path().join("a")).expect("read"), b"hello");
+    // SAFETY: signalling our own child process.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let n = sock.recv(&mut buf).expect("STOPPING=1");
+    assert_eq!(&buf[..n], b"STOPPING=1\n");
+    assert!(child.wait().expect("wait").success());
+    assert!(!is_mounted(mnt.path()));
+}
+
 #[test]
 fn emulator_dir_mount_serves_the_directory() {
     let root = tempfile::tempdir().expect("tempdir");

@@ -299,6 +299,8 @@ fn serve(
     set_read_ahead(mountpoint, cfg.read.kernel_read_ahead_kb);
     tracing::info!(bucket = %args.bucket, mountpoint = %mountpoint.display(), endpoint = %cfg.gcs.endpoint, "mounted");
     ready.send("ok");
+    // Under systemd (Type=notify) the unit becomes active only now that the mount is live.
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
     let signalled = rt.block_on(async {
         tokio::select! {
             _ = sigint.recv() => true,
@@ -309,6 +311,7 @@ fn serve(
     if signalled {
         tracing::info!("signal received: unmounting");
     }
+    let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
     if let Err(e) = mounted.unmount() {
         tracing::warn!(error = %e, "unmount ended with an error");
     }
