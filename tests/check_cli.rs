@@ -8,7 +8,7 @@ mod mount_support;
 mod zonal_support;
 
 use mount_support::Env;
-use rapidfs::emulator::{Emulator, EmulatorOptions, Faults, Security};
+use rapidfs::emulator::Emulator;
 use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -158,25 +158,7 @@ fn tls_counting(
         .build()
         .expect("runtime");
     let pki = TestPki::new();
-    let opts = EmulatorOptions {
-        root: None,
-        memory: true,
-        zone: "us-central1-a".to_string(),
-        faults: Faults::default(),
-    };
-    let security = Security {
-        tls: Some(pki.server_tls()),
-        tokens: vec![],
-    };
-    let emu = Arc::new(
-        rt.block_on(Emulator::start_secure(
-            opts,
-            "127.0.0.1:0".parse().expect("addr"),
-            security,
-        ))
-        .expect("TLS emulator"),
-    );
-    emu.create_bucket(BUCKET).expect("bucket");
+    let emu = pki.start_emulator(&rt, BUCKET);
     emu.put_object(BUCKET, "f", bytes::Bytes::from_static(b"data"))
         .expect("put");
     let learner = emu.clone();

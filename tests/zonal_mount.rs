@@ -145,30 +145,10 @@ fn matching_zones_are_silent_and_a_closed_metadata_port_mounts_quickly() {
 
 #[test]
 fn mounts_a_tls_endpoint_with_a_key_file_and_a_ca_file() {
-    use rapidfs::emulator::{Emulator, EmulatorOptions, Faults, Security};
     use zonal_support::{authorized_user_file, TestPki};
     let env = env();
     let pki = TestPki::new();
-    let opts = EmulatorOptions {
-        root: None,
-        memory: true,
-        zone: "us-central1-a".to_string(),
-        faults: Faults::default(),
-    };
-    let security = Security {
-        tls: Some(pki.server_tls()),
-        tokens: vec![],
-    };
-    let emu = Arc::new(
-        env.rt
-            .block_on(Emulator::start_secure(
-                opts,
-                "127.0.0.1:0".parse().expect("addr"),
-                security,
-            ))
-            .expect("TLS emulator"),
-    );
-    emu.create_bucket(BUCKET).expect("bucket");
+    let emu = pki.start_emulator(&env.rt, BUCKET);
     emu.put_object(BUCKET, "secure.txt", bytes::Bytes::from_static(b"over tls"))
         .expect("put");
     emu.allow_token("never-issued", Some(Duration::ZERO));

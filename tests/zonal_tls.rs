@@ -6,7 +6,7 @@
 mod zonal_support;
 
 use rapidfs::config::GcsConfig;
-use rapidfs::emulator::{Emulator, EmulatorOptions, Faults, Security};
+use rapidfs::emulator::{Emulator, Faults};
 use rapidfs::gcs::{Client, Error, ListRequest};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,25 +31,7 @@ fn setup(ttl: Duration) -> Setup {
         .build()
         .expect("runtime");
     let pki = TestPki::new();
-    let opts = EmulatorOptions {
-        root: None,
-        memory: true,
-        zone: "us-central1-a".to_string(),
-        faults: Faults::default(),
-    };
-    let security = Security {
-        tls: Some(pki.server_tls()),
-        tokens: vec![],
-    };
-    let emu = Arc::new(
-        rt.block_on(Emulator::start_secure(
-            opts,
-            "127.0.0.1:0".parse().expect("addr"),
-            security,
-        ))
-        .expect("TLS emulator starts"),
-    );
-    emu.create_bucket(BUCKET).expect("bucket");
+    let emu = pki.start_emulator(&rt, BUCKET);
     // The emulator learns each token as it is issued, valid for exactly its lifetime.
     let learner = emu.clone();
     let fake = FakeGoogle::start(

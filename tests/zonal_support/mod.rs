@@ -189,6 +189,35 @@ impl TestPki {
             key_pem: self.key_pem.clone().into_bytes(),
         }
     }
+
+    /// A memory-backed emulator serving TLS with this PKI on 127.0.0.1:0, with `bucket`
+    /// created. It accepts no token until the test allows some (`Emulator::allow_token`).
+    pub fn start_emulator(
+        &self,
+        rt: &tokio::runtime::Runtime,
+        bucket: &str,
+    ) -> Arc<rapidfs::emulator::Emulator> {
+        use rapidfs::emulator::{Emulator, EmulatorOptions, Faults, Security};
+        let opts = EmulatorOptions {
+            root: None,
+            memory: true,
+            zone: "us-central1-a".to_string(),
+            faults: Faults::default(),
+        };
+        let security = Security {
+            tls: Some(self.server_tls()),
+            tokens: vec![],
+        };
+        let emu = rt
+            .block_on(Emulator::start_secure(
+                opts,
+                "127.0.0.1:0".parse().expect("addr"),
+                security,
+            ))
+            .expect("TLS emulator starts");
+        emu.create_bucket(bucket).expect("bucket");
+        Arc::new(emu)
+    }
 }
 
 /// An `authorized_user` credentials file (as `gcloud auth application-default login` writes)
