@@ -5,9 +5,11 @@ mod access;
 mod check;
 mod emulator;
 mod mount;
+mod mount_helper;
 
 use crate::config::LogFormat;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
+use std::ffi::OsString;
 use std::process::ExitCode;
 
 /// rapidfs: mount a Google Cloud Storage Rapid bucket as a local directory.
@@ -38,9 +40,17 @@ pub enum Command {
 
 /// Entry point of the binary: never panics on bad input, always one line per error.
 pub fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let argv = match mount_helper::rewrite(std::env::args_os().collect()) {
+        mount_helper::Invocation::Argv(argv) => argv,
+        mount_helper::Invocation::Fake => return ExitCode::SUCCESS,
+    };
+    let cli = match parse(argv) {
         Ok(cli) => cli,
-        Err(e) => return report_clap_error(&e),
+        Err(Bad::Clap(e)) => return report_clap_error(&e),
+        Err(Bad::Option(msg)) => {
+            eprintln!("rapidfs: error: {msg}");
+            return ExitCode::from(2);
+        }
     };
     let result = match cli.command {
         Command::Emulator(args) => emulator::run(args, cli.log_level, cli.log_format),
@@ -54,6 +64,57 @@ pub fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Why the command line was refused.
+enum Bad {
+    Clap(clap::Error),
+    Option(String),
+}
+
+/// Parses `argv`; a `mount` whose `-o` list names rapidfs flags (`uid=1000`) is parsed again
+/// with those flags appended, so fstab options and flags are one and the same.
+fn parse(argv: Vec<OsString>) -> Result<Cli, Bad> {
+    let cli = Cli::try_parse_from(&argv).map_err(Bad::Clap)?;
+    let Command::Mount(args) = &cli.command else {
+        return Ok(cli);
+    };
+    let extra = mount_option_flags(&args.options).map_err(Bad::Option)?;
+    if extra.is_empty() {
+        return Ok(cli);
+    }
+    Cli::try_parse_from(
+        argv.into_iter()
+            .chain(extra.into_iter().map(OsString::from)),
+    )
+    .map_err(Bad::Clap)
+}
+
+/// The flags that the `-o` options stand for; an option that is neither a kernel option,
+/// fstab bookkeeping nor a flag is an error.
+fn mount_option_flags(options: &[String]) -> Result<Vec<String>, String> {
+    let cmd = Cli::command();
+    let mount = cmd.find_subcommand("mount");
+    let is_flag = |name: &str| {
+        cmd.get_arguments()
+            .chain(mount.into_iter().flat_map(|m| m.get_arguments()))
+            .any(|a| a.get_long() == Some(name))
+    };
+    let mut flags = Vec::new();
+    for opt in mount_helper::split(options) {
+        if let mount_helper::MountOpt::Flag(f) = mount_helper::classify(opt, is_flag)? {
+            flags.push(f);
+        }
+    }
+    Ok(flags)
+}
+
+/// The `-o` options meant for the kernel, in order.
+pub fn kernel_mount_options(options: &[String]) -> Vec<String> {
+    mount_helper::split(options)
+        .filter(|o| mount_helper::classify(o, |_| false) == Ok(mount_helper::MountOpt::Kernel))
+        .map(str::to_string)
+        .collect()
 }
 
 /// Help and version go to stdout in full; a usage error is cut to its first line.

@@ -22,6 +22,8 @@ pub struct Config {
     pub write: WriteConfig,
     /// Logging.
     pub log: LogConfig,
+    /// The Prometheus metrics endpoint.
+    pub metrics: MetricsConfig,
     /// The zonal placement check at mount and in `rapidfs check`.
     pub zonal: ZonalConfig,
 }
@@ -226,6 +228,14 @@ impl Default for LogConfig {
             format: LogFormat::Text,
         }
     }
+}
+
+/// The Prometheus metrics endpoint.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// `HOST:PORT` to serve Prometheus text on (`GET /metrics`); unset serves nothing.
+    pub addr: Option<String>,
 }
 
 /// The zonal placement check: compute zone (metadata server) against bucket zone.

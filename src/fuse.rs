@@ -4,16 +4,19 @@
 //! there, so no request waits behind another's round trip. No filesystem logic lives here:
 //! only type conversions, the init negotiation and the mount options.
 
-use crate::fs::{Attr, Errno as FsErrno, Fs, Kind};
+use crate::fs::{Attr, Errno as FsErrno, Fs, FsResult, Kind};
 use fuser::{
     AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
     INodeNo, InitFlags, KernelConfig, LockOwner, MountOption, OpenAccMode, OpenFlags, ReplyAttr,
     ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen,
     ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
+use std::collections::HashSet;
 use std::ffi::OsStr;
-use std::path::Path;
-use std::time::SystemTime;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 use tokio::runtime::Handle;
 
 /// Largest read and write request negotiated with the kernel.
@@ -21,10 +24,49 @@ const MAX_IO: u32 = 1024 * 1024;
 /// Requests the kernel may keep outstanding in the background (read-ahead among them).
 const MAX_BACKGROUND: u16 = 16;
 
+/// How long a stopping daemon waits for its FUSE thread after unmounting.
+const THREAD_GRACE: Duration = Duration::from_secs(2);
+
 /// The fuser adapter: the filesystem plus the runtime its requests run on.
 struct FuseAdapter {
     fs: Fs,
     rt: Handle,
+    writes: Arc<WriteGate>,
+}
+
+/// The handles that wrote, and a gate every write passes: closing it waits for the writes in
+/// flight and refuses later ones, so that flushing the handles then covers every write the
+/// kernel was told succeeded.
+#[derive(Default)]
+struct WriteGate {
+    closed: tokio::sync::RwLock<bool>,
+    handles: Mutex<HashSet<u64>>,
+}
+
+impl WriteGate {
+    fn handles(&self) -> std::sync::MutexGuard<'_, HashSet<u64>> {
+        self.handles.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Records one answered request in the metrics (latency, bytes moved, errno) and hands the
+/// result back untouched.
+fn metered<T>(
+    op: &'static str,
+    start: Instant,
+    result: FsResult<T>,
+    bytes: impl FnOnce(&T) -> u64,
+) -> FsResult<T> {
+    let (n, err) = match &result {
+        Ok(v) => (bytes(v), None),
+        Err(e) => (0, Some(e.0)),
+    };
+    crate::metrics::fuse_op(op, start.elapsed(), n, err);
+    result
+}
+
+fn nothing<T>(_: &T) -> u64 {
+    0
 }
 
 /// Mount options for the kernel: always `default_permissions` (the kernel checks modes),
@@ -46,23 +88,37 @@ fn mount_config(settings: &MountSettings) -> fuser::Config {
         MountOption::FSName(settings.fsname.clone()),
         MountOption::Subtype("rapidfs".to_string()),
         MountOption::DefaultPermissions,
-        MountOption::NoDev,
-        MountOption::NoSuid,
-        MountOption::NoAtime,
     ];
     let mut allow_other = settings.allow_other;
     let mut read_only = settings.read_only;
+    // Safe defaults that an explicit option (mount.fuse3 passes `dev,suid`) may turn around.
+    let (mut dev, mut suid, mut atime) = (
+        MountOption::NoDev,
+        MountOption::NoSuid,
+        MountOption::NoAtime,
+    );
     for o in &settings.extra {
         match o.as_str() {
-            "" | "default_permissions" | "nodev" | "nosuid" | "noatime" | "rw" => {}
-            "allow_other" => allow_other = true,
+            "" | "default_permissions" => {}
+            "rw" => read_only = false,
             "ro" => read_only = true,
+            "allow_other" => allow_other = true,
+            "dev" => dev = MountOption::Dev,
+            "nodev" => dev = MountOption::NoDev,
+            "suid" => suid = MountOption::Suid,
+            "nosuid" => suid = MountOption::NoSuid,
+            "atime" => atime = MountOption::Atime,
+            "noatime" => atime = MountOption::NoAtime,
             "auto_unmount" => opts.push(MountOption::AutoUnmount),
             "exec" => opts.push(MountOption::Exec),
             "noexec" => opts.push(MountOption::NoExec),
+            "sync" => opts.push(MountOption::Sync),
+            "async" => opts.push(MountOption::Async),
+            "dirsync" => opts.push(MountOption::DirSync),
             other => opts.push(MountOption::CUSTOM(other.to_string())),
         }
     }
+    opts.extend([dev, suid, atime]);
     opts.push(if read_only {
         MountOption::RO
     } else {
@@ -76,19 +132,44 @@ fn mount_config(settings: &MountSettings) -> fuser::Config {
     cfg
 }
 
-/// How a mount is undone: by fuser (mounted by the mount syscall as root) or by
-/// `fusermount3 -u` (mounted through the setuid helper).
+/// How a mount is undone: by fuser (mounted by the mount syscall as root), by
+/// `fusermount3 -u` (mounted through the setuid helper), or not at all (a descriptor someone
+/// else mounted: they unmount).
 enum Unmounter {
-    Session(fuser::SessionUnmounter),
-    Fusermount(std::path::PathBuf),
+    Session(fuser::SessionUnmounter, PathBuf),
+    Fusermount(PathBuf),
+    Nobody,
 }
 
 impl Unmounter {
-    fn unmount(&mut self) -> std::io::Result<()> {
+    /// Unmounts; when files are still open (EBUSY) detaches the mount lazily instead, so no
+    /// stale mount stays behind a daemon that stops. Says whether it had to detach.
+    fn unmount(&mut self) -> std::io::Result<bool> {
         match self {
-            Unmounter::Session(u) => u.unmount(),
-            Unmounter::Fusermount(path) => fusermount::unmount(path),
+            Unmounter::Session(u, path) => match u.unmount() {
+                Ok(()) => Ok(false),
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => detach(path).map(|()| true),
+                Err(e) => Err(e),
+            },
+            Unmounter::Fusermount(path) => match fusermount::unmount(path, false) {
+                Ok(()) => Ok(false),
+                Err(_) => fusermount::unmount(path, true).map(|()| true),
+            },
+            Unmounter::Nobody => Ok(false),
         }
+    }
+}
+
+/// `umount -l`: the mount leaves the tree now; open files keep it alive until they close.
+fn detach(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    // SAFETY: a valid NUL-terminated path; umount2 touches no memory of ours.
+    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
     }
 }
 
@@ -97,6 +178,8 @@ pub struct Mounted {
     unmounter: Unmounter,
     thread: Option<std::thread::JoinHandle<std::io::Result<()>>>,
     ended: Option<tokio::sync::oneshot::Receiver<()>>,
+    fs: Fs,
+    writes: Arc<WriteGate>,
 }
 
 impl Mounted {
@@ -108,13 +191,19 @@ impl Mounted {
         mountpoint: &Path,
         settings: &MountSettings,
     ) -> std::io::Result<Mounted> {
-        let adapter = FuseAdapter { fs, rt };
+        let writes = Arc::new(WriteGate::default());
+        let adapter = FuseAdapter {
+            fs: fs.clone(),
+            rt,
+            writes: writes.clone(),
+        };
         let config = mount_config(settings);
         // SAFETY: geteuid cannot fail and touches no memory.
         let root = unsafe { libc::geteuid() } == 0;
         let (session, unmounter) = if root {
             let mut session = fuser::Session::new(adapter, mountpoint, &config)?;
-            let unmounter = Unmounter::Session(session.unmount_callable());
+            let unmounter =
+                Unmounter::Session(session.unmount_callable(), mountpoint.to_path_buf());
             (session, unmounter)
         } else {
             // fuser opens /dev/fuse itself first and gives up when it may not; an ordinary
@@ -123,6 +212,30 @@ impl Mounted {
             let session = fuser::Session::from_fd(adapter, fd, config.acl, config.clone())?;
             (session, Unmounter::Fusermount(mountpoint.to_path_buf()))
         };
+        Self::run(session, unmounter, fs, writes)
+    }
+
+    /// Serves `fd`, a `/dev/fuse` descriptor already mounted by someone else (the GKE CSI
+    /// driver, `mount.fuse3 -o drop_privileges`): no mount, no unmount, no kernel tuning.
+    /// The kernel checks access as the mounter's options say, so every request is served.
+    pub fn serve_fd(fs: Fs, rt: Handle, fd: OwnedFd) -> std::io::Result<Mounted> {
+        let writes = Arc::new(WriteGate::default());
+        let adapter = FuseAdapter {
+            fs: fs.clone(),
+            rt,
+            writes: writes.clone(),
+        };
+        let config = fuser::Config::default();
+        let session = fuser::Session::from_fd(adapter, fd, fuser::SessionACL::All, config)?;
+        Self::run(session, Unmounter::Nobody, fs, writes)
+    }
+
+    fn run(
+        session: fuser::Session<FuseAdapter>,
+        unmounter: Unmounter,
+        fs: Fs,
+        writes: Arc<WriteGate>,
+    ) -> std::io::Result<Mounted> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let thread = std::thread::Builder::new()
             .name("fuse".to_string())
@@ -135,7 +248,21 @@ impl Mounted {
             unmounter,
             thread: Some(thread),
             ended: Some(rx),
+            fs,
+            writes,
         })
+    }
+
+    /// Refuses writes from now on (EIO), waits for those in flight, and makes every byte
+    /// written so far durable: what a stopping daemon does before it unmounts.
+    pub async fn stop_writes(&self) {
+        *self.writes.closed.write().await = true;
+        let handles: Vec<u64> = self.writes.handles().iter().copied().collect();
+        for fh in handles {
+            if let Err(e) = self.fs.flush(fh).await {
+                tracing::error!(fh, errno = e.0, "flushing an open file at shutdown failed");
+            }
+        }
     }
 
     /// Resolves when the session ends (unmounted from outside, e.g. `fusermount3 -u`).
@@ -151,14 +278,24 @@ impl Mounted {
         self.finish()
     }
 
+    /// Unmounts, then waits a little for the serving thread: a lazily detached mount (files
+    /// still open) or a descriptor mounted by someone else keeps it busy, and a stopping
+    /// process need not wait for that.
     fn finish(&mut self) -> std::io::Result<()> {
         let unmounted = self.unmounter.unmount();
-        let joined = match self.thread.take().map(|t| t.join()) {
+        if let Ok(true) = unmounted {
+            tracing::info!("files still open: mount detached lazily");
+        }
+        let grace = Instant::now() + THREAD_GRACE;
+        while self.thread.as_ref().is_some_and(|t| !t.is_finished()) && Instant::now() < grace {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let joined = match self.thread.take_if(|t| t.is_finished()).map(|t| t.join()) {
             Some(Ok(r)) => r,
             Some(Err(_)) => Err(std::io::Error::other("the FUSE thread panicked")),
             None => Ok(()),
         };
-        unmounted.and(joined)
+        unmounted.map(|_| ()).and(joined)
     }
 }
 
@@ -235,48 +372,14 @@ mod fusermount {
                 msg.trim().replace('\n', " ")
             )));
         }
-        receive_fd(&ours)
+        super::receive_fd(&ours)
     }
 
-    fn receive_fd(sock: &UnixStream) -> io::Result<OwnedFd> {
-        let mut byte = [0u8; 1];
-        let mut iov = libc::iovec {
-            iov_base: byte.as_mut_ptr().cast(),
-            iov_len: 1,
-        };
-        // u64 words keep the control buffer aligned for cmsghdr.
-        let mut control = [0u64; 8];
-        // SAFETY: msghdr is plain data; every pointer set below outlives the recvmsg call.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = std::mem::size_of_val(&control) as _;
-        // SAFETY: a valid socket and a message whose buffers we own.
-        let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, 0) };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: the CMSG macros walk the control buffer recvmsg filled and bounded.
-        unsafe {
-            let cmsg = libc::CMSG_FIRSTHDR(&msg);
-            if cmsg.is_null()
-                || (*cmsg).cmsg_level != libc::SOL_SOCKET
-                || (*cmsg).cmsg_type != libc::SCM_RIGHTS
-            {
-                return Err(io::Error::other(
-                    "fusermount3 passed no /dev/fuse descriptor",
-                ));
-            }
-            let fd = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg) as *const libc::c_int);
-            Ok(OwnedFd::from_raw_fd(fd))
-        }
-    }
-
-    /// `fusermount3 -u MOUNTPOINT`.
-    pub(super) fn unmount(mountpoint: &Path) -> io::Result<()> {
+    /// `fusermount3 -u MOUNTPOINT` (with `-z`: detach lazily).
+    pub(super) fn unmount(mountpoint: &Path, lazy: bool) -> io::Result<()> {
         let out = Command::new("fusermount3")
             .arg("-u")
+            .args(lazy.then_some("-z"))
             .arg("--")
             .arg(mountpoint)
             .output()?;
@@ -292,6 +395,43 @@ mod fusermount {
             "fusermount3 -u failed: {}",
             msg.trim()
         )))
+    }
+}
+
+/// Receives one descriptor sent with SCM_RIGHTS over `sock` (how fusermount3 and the GKE
+/// CSI driver hand over a mounted `/dev/fuse`).
+pub fn receive_fd(sock: &std::os::unix::net::UnixStream) -> std::io::Result<OwnedFd> {
+    use std::io;
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let mut byte = [0u8; 1];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    // u64 words keep the control buffer aligned for cmsghdr.
+    let mut control = [0u64; 8];
+    // SAFETY: msghdr is plain data; every pointer set below outlives the recvmsg call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control) as _;
+    // SAFETY: a valid socket and a message whose buffers we own.
+    let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the CMSG macros walk the control buffer recvmsg filled and bounded.
+    unsafe {
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        if cmsg.is_null()
+            || (*cmsg).cmsg_level != libc::SOL_SOCKET
+            || (*cmsg).cmsg_type != libc::SCM_RIGHTS
+        {
+            return Err(io::Error::other("no descriptor was passed over the socket"));
+        }
+        let fd = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg) as *const libc::c_int);
+        Ok(OwnedFd::from_raw_fd(fd))
     }
 }
 
@@ -333,10 +473,11 @@ fn utf8(name: &OsStr) -> Option<String> {
 
 impl FuseAdapter {
     /// `flush` (each `close(2)`) and `fsync`: answered once every written byte is persisted.
-    fn sync(&self, fh: FileHandle, reply: ReplyEmpty) {
+    fn sync(&self, op: &'static str, fh: FileHandle, reply: ReplyEmpty) {
+        let t0 = Instant::now();
         let fs = self.fs.clone();
         self.rt.spawn(async move {
-            match fs.flush(fh.0).await {
+            match metered(op, t0, fs.flush(fh.0).await, nothing) {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(e)),
             }
@@ -371,9 +512,10 @@ impl Filesystem for FuseAdapter {
         let Some(name) = utf8(name) else {
             return reply.error(Errno::ENOENT);
         };
+        let t0 = Instant::now();
         let fs = self.fs.clone();
         self.rt.spawn(async move {
-            match fs.lookup(parent.0, &name).await {
+            match metered("lookup", t0, fs.lookup(parent.0, &name).await, nothing) {
                 Ok(e) => reply.entry_with_ttls(
                     &e.attr_ttl,
                     &e.entry_ttl,
@@ -390,9 +532,10 @@ impl Filesystem for FuseAdapter {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let t0 = Instant::now();
         let fs = self.fs.clone();
         self.rt.spawn(async move {
-            match fs.getattr(ino.0).await {
+            match metered("getattr", t0, fs.getattr(ino.0).await, nothing) {
                 Ok(a) => reply.attr(&fs.attr_ttl(), &file_attr(&a)),
                 Err(e) => reply.error(errno(e)),
             }
@@ -529,9 +672,11 @@ impl Filesystem for FuseAdapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        let t0 = Instant::now();
         let fs = self.fs.clone();
         self.rt.spawn(async move {
-            match fs.read(fh.0, offset, size).await {
+            let read = fs.read(fh.0, offset, size).await;
+            match metered("read", t0, read, |d| d.len() as u64) {
                 Ok(data) => reply.data(&data),
                 Err(e) => reply.error(errno(e)),
             }
@@ -550,13 +695,22 @@ impl Filesystem for FuseAdapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        let t0 = Instant::now();
         let data = bytes::Bytes::copy_from_slice(data);
         let fs = self.fs.clone();
+        let gate = self.writes.clone();
         self.rt.spawn(async move {
-            match fs.write(fh.0, offset, data).await {
+            let open = gate.closed.read().await;
+            if *open {
+                return reply.error(Errno::EIO);
+            }
+            gate.handles().insert(fh.0);
+            let written = fs.write(fh.0, offset, data).await;
+            match metered("write", t0, written, |n| u64::from(*n)) {
                 Ok(n) => reply.written(n),
                 Err(e) => reply.error(errno(e)),
             }
+            drop(open);
         });
     }
 
@@ -568,7 +722,7 @@ impl Filesystem for FuseAdapter {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        self.sync(fh, reply);
+        self.sync("flush", fh, reply);
     }
 
     fn release(
@@ -581,9 +735,13 @@ impl Filesystem for FuseAdapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        let t0 = Instant::now();
         let fs = self.fs.clone();
+        let gate = self.writes.clone();
         self.rt.spawn(async move {
             fs.release_write(fh.0).await;
+            gate.handles().remove(&fh.0);
+            metered("release", t0, Ok(()), nothing).ok();
             reply.ok();
         });
     }
@@ -596,11 +754,11 @@ impl Filesystem for FuseAdapter {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.sync(fh, reply);
+        self.sync("fsync", fh, reply);
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.fs.opendir(ino.0) {
+        match metered("opendir", Instant::now(), self.fs.opendir(ino.0), nothing) {
             Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
             Err(e) => reply.error(errno(e)),
         }
@@ -614,9 +772,10 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        let t0 = Instant::now();
         let fs = self.fs.clone();
         self.rt.spawn(async move {
-            match fs.readdir(fh.0, offset).await {
+            match metered("readdir", t0, fs.readdir(fh.0, offset).await, nothing) {
                 Ok(items) => {
                     for it in items {
                         if reply.add(INodeNo(it.ino), it.offset, file_type(it.kind), &it.name) {
@@ -638,6 +797,7 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
+        let t0 = Instant::now();
         let fs = self.fs.clone();
         self.rt.spawn(async move {
             let listed = fs
@@ -652,7 +812,7 @@ impl Filesystem for FuseAdapter {
                     )
                 })
                 .await;
-            match listed {
+            match metered("readdirplus", t0, listed, nothing) {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(e)),
             }
@@ -683,7 +843,9 @@ impl Filesystem for FuseAdapter {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let t0 = Instant::now();
         let s = self.fs.statfs();
+        metered("statfs", t0, Ok(()), nothing).ok();
         reply.statfs(
             s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
         );
@@ -726,7 +888,9 @@ impl Filesystem for FuseAdapter {
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
-        match self.fs.access(ino.0, mask.contains(AccessFlags::W_OK)) {
+        let t0 = Instant::now();
+        let allowed = self.fs.access(ino.0, mask.contains(AccessFlags::W_OK));
+        match metered("access", t0, allowed, nothing) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(e)),
         }

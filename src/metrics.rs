@@ -82,6 +82,58 @@ pub fn memory(in_use: u64, budget: u64) {
     gauge!("rapidfs_memory_budget_bytes").set(budget as f64);
 }
 
+/// Every second, records the process's resident memory (what the budget promises to bound:
+/// cache, read-ahead, write buffers and everything else) against `budget` bytes. Must run
+/// inside a tokio runtime.
+pub fn sample_memory(budget: u64) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            if let Some(rss) = resident_bytes() {
+                memory(rss, budget);
+            }
+        }
+    });
+}
+
+/// Resident set size from `/proc/self/statm` (second field, in pages).
+fn resident_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf only reads a system constant.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    Some(pages * u64::try_from(page).ok()?)
+}
+
+/// The name of a gRPC status code (`tonic::Code as i32`), for the `code` label.
+pub fn grpc_code(code: i32) -> &'static str {
+    const NAMES: [&str; 17] = [
+        "OK",
+        "CANCELLED",
+        "UNKNOWN",
+        "INVALID_ARGUMENT",
+        "DEADLINE_EXCEEDED",
+        "NOT_FOUND",
+        "ALREADY_EXISTS",
+        "PERMISSION_DENIED",
+        "RESOURCE_EXHAUSTED",
+        "FAILED_PRECONDITION",
+        "ABORTED",
+        "OUT_OF_RANGE",
+        "UNIMPLEMENTED",
+        "INTERNAL",
+        "UNAVAILABLE",
+        "DATA_LOSS",
+        "UNAUTHENTICATED",
+    ];
+    usize::try_from(code)
+        .ok()
+        .and_then(|i| NAMES.get(i))
+        .copied()
+        .unwrap_or("UNKNOWN")
+}
+
 /// The symbolic name of an errno, so dashboards read `ENOENT` rather than `2`.
 fn errno_name(errno: i32) -> &'static str {
     match errno {

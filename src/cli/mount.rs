@@ -3,7 +3,13 @@
 //! Order matters: flags and the config file are checked first (bad input fails before
 //! anything happens), then, unless `--foreground`, the process forks BEFORE any thread or
 //! runtime exists; the child connects, checks the bucket, mounts, and reports readiness (or
-//! one line of failure) to the waiting parent through a pipe. SIGINT and SIGTERM unmount.
+//! one line of failure) to the waiting parent through a pipe. SIGINT and SIGTERM refuse new
+//! writes, make every written byte durable, then unmount (lazily when files are still open).
+//!
+//! The mountpoint may also be `/dev/fd/N`, or `--fuse-fd-socket PATH` may hand over a
+//! descriptor: a `/dev/fuse` that someone privileged already mounted (the GKE CSI driver's
+//! conventions, libfuse's `/dev/fd/N`). Then rapidfs only serves it: no mount, no unmount,
+//! no kernel tuning.
 
 use crate::config::{Config, LogFormat};
 use crate::emulator::{Emulator, EmulatorOptions, Faults};
@@ -13,7 +19,7 @@ use crate::gcs::{self, Client};
 use anyhow::{anyhow, bail, Context};
 use clap::Args;
 use std::io::{BufRead, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -22,8 +28,12 @@ use std::time::Duration;
 pub struct MountArgs {
     /// The bucket to mount (its name, not `gs://`).
     pub bucket: String,
-    /// The empty directory to mount it on.
-    pub mountpoint: PathBuf,
+    /// The empty directory to mount it on, or `/dev/fd/N`: an already mounted /dev/fuse descriptor to serve.
+    #[arg(required_unless_present = "fuse_fd_socket")]
+    pub mountpoint: Option<PathBuf>,
+    /// Instead of a mountpoint: receive an already mounted /dev/fuse descriptor (SCM_RIGHTS) from the unix socket at PATH and serve it.
+    #[arg(long, value_name = "PATH", conflicts_with = "mountpoint")]
+    pub fuse_fd_socket: Option<PathBuf>,
     /// TOML configuration file; flags override it.
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -72,6 +82,15 @@ pub struct MountArgs {
     /// Where the background daemon writes its log (default: nowhere).
     #[arg(long)]
     pub log_file: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://HOST:PORT/metrics.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics_addr: Option<String>,
+    /// When the mount fails, say why on stderr but exit 0 (fstab's `nofail`).
+    #[arg(long)]
+    pub nofail: bool,
+    /// Accepted for gcsfuse habits; implicit directories are always on in rapidfs.
+    #[arg(long)]
+    pub implicit_dirs: bool,
     /// Credentials, TLS and zonal-check flags.
     #[command(flatten)]
     pub access: super::access::AccessArgs,
@@ -85,14 +104,49 @@ fn parse_mode(s: &str) -> Result<u32, String> {
     }
 }
 
-/// Mounts and serves until unmounted or signalled.
+/// What the daemon serves.
+enum Target {
+    /// A directory it mounts itself.
+    Dir(PathBuf),
+    /// A /dev/fuse descriptor someone else mounted.
+    Fd(OwnedFd),
+}
+
+/// Mounts and serves until unmounted or signalled; with `--nofail` a failure is only told.
 pub fn run(
     args: MountArgs,
     log_level: Option<String>,
     log_format: Option<LogFormat>,
 ) -> anyhow::Result<()> {
+    let nofail = args.nofail;
+    let what = format!("{} on {}", args.bucket, target_name(&args));
+    match run_mount(args, log_level, log_format) {
+        Err(e) if nofail => {
+            eprintln!(
+                "rapidfs: warning: {what} not mounted (nofail): {}",
+                super::one_line(&e)
+            );
+            Ok(())
+        }
+        r => r,
+    }
+}
+
+fn target_name(args: &MountArgs) -> String {
+    match (&args.mountpoint, &args.fuse_fd_socket) {
+        (Some(p), _) => p.display().to_string(),
+        (None, Some(s)) => format!("the descriptor from {}", s.display()),
+        (None, None) => "nothing".to_string(),
+    }
+}
+
+fn run_mount(
+    args: MountArgs,
+    log_level: Option<String>,
+    log_format: Option<LogFormat>,
+) -> anyhow::Result<()> {
     let cfg = config(&args)?;
-    let mountpoint = check_mountpoint(&args.mountpoint)?;
+    let target = target(&args)?;
     if let Some(dir) = &args.emulator {
         let bucket_dir = dir.join(&args.bucket);
         if !bucket_dir.is_dir() {
@@ -107,9 +161,50 @@ pub fn run(
     let format = log_format.unwrap_or(cfg.log.format);
     if args.foreground {
         super::init_logging(&level, format);
-        return serve(&args, cfg, &mountpoint, &mut Ready::Foreground);
+        return serve(&args, cfg, target, &mut Ready::Foreground);
     }
-    daemonize(&args, cfg, &mountpoint, &level, format)
+    daemonize(&args, cfg, target, &level, format)
+}
+
+/// The mountpoint checked, or the descriptor taken over (`/dev/fd/N`) or received.
+fn target(args: &MountArgs) -> anyhow::Result<Target> {
+    if let Some(sock) = &args.fuse_fd_socket {
+        let conn = std::os::unix::net::UnixStream::connect(sock)
+            .map_err(|e| anyhow!("--fuse-fd-socket {}: {e}", sock.display()))?;
+        let fd = crate::fuse::receive_fd(&conn)
+            .map_err(|e| anyhow!("--fuse-fd-socket {}: {e}", sock.display()))?;
+        check_fuse_fd(fd.as_raw_fd(), &sock.display().to_string())?;
+        return Ok(Target::Fd(fd));
+    }
+    let Some(path) = &args.mountpoint else {
+        bail!("a mountpoint or --fuse-fd-socket is needed");
+    };
+    if let Some(n) = path.to_str().and_then(|p| p.strip_prefix("/dev/fd/")) {
+        let n: RawFd = n
+            .parse()
+            .map_err(|_| anyhow!("{}: not a descriptor number", path.display()))?;
+        check_fuse_fd(n, &path.display().to_string())?;
+        // SAFETY: the descriptor is open (fstat succeeded) and was handed to us to own.
+        return Ok(Target::Fd(unsafe { OwnedFd::from_raw_fd(n) }));
+    }
+    check_mountpoint(path).map(Target::Dir)
+}
+
+/// `fd` must be an open /dev/fuse (character device 10:229).
+fn check_fuse_fd(fd: RawFd, what: &str) -> anyhow::Result<()> {
+    // SAFETY: stat is plain data filled by fstat.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat only writes into `st`; a closed descriptor is an error, not UB.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        bail!("{what}: {}", std::io::Error::last_os_error());
+    }
+    let is_fuse = st.st_mode & libc::S_IFMT == libc::S_IFCHR
+        && libc::major(st.st_rdev) == 10
+        && libc::minor(st.st_rdev) == 229;
+    if !is_fuse {
+        bail!("{what}: not a /dev/fuse descriptor");
+    }
+    Ok(())
 }
 
 /// The config file, overridden by the flags.
@@ -141,8 +236,23 @@ fn config(args: &MountArgs) -> anyhow::Result<Config> {
     if let Some(kb) = args.read_ahead_kb {
         cfg.read.kernel_read_ahead_kb = kb;
     }
+    if args.metrics_addr.is_some() {
+        cfg.metrics.addr = args.metrics_addr.clone();
+    }
+    if let Some(addr) = &cfg.metrics.addr {
+        metrics_addr(addr)?;
+    }
     args.access.apply(&mut cfg);
     Ok(cfg)
+}
+
+/// `HOST:PORT` resolved to the address the metrics listener binds.
+fn metrics_addr(addr: &str) -> anyhow::Result<std::net::SocketAddr> {
+    use std::net::ToSocketAddrs;
+    addr.to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or_else(|| anyhow!("metrics address '{addr}' is not HOST:PORT"))
 }
 
 /// The mountpoint must be an existing, empty directory.
@@ -191,7 +301,7 @@ impl Ready {
 fn daemonize(
     args: &MountArgs,
     cfg: Config,
-    mountpoint: &Path,
+    target: Target,
     log_level: &str,
     log_format: LogFormat,
 ) -> anyhow::Result<()> {
@@ -214,7 +324,7 @@ fn daemonize(
             detach_stdio(args.log_file.as_deref());
             super::init_logging(log_level, log_format);
             let mut ready = Ready::Pipe(std::fs::File::from(wr));
-            let code = match serve(args, cfg, mountpoint, &mut ready) {
+            let code = match serve(args, cfg, target, &mut ready) {
                 Ok(()) => 0,
                 Err(e) => {
                     ready.send(&format!("error: {}", super::one_line(&e)));
@@ -225,6 +335,7 @@ fn daemonize(
         }
         _child => {
             drop(wr);
+            drop(target);
             let mut pipe = std::io::BufReader::new(std::fs::File::from(rd));
             let mut verdict = String::new();
             loop {
@@ -250,7 +361,7 @@ fn daemonize(
 fn serve(
     args: &MountArgs,
     mut cfg: Config,
-    mountpoint: &Path,
+    target: Target,
     ready: &mut Ready,
 ) -> anyhow::Result<()> {
     tune_allocator();
@@ -259,6 +370,12 @@ fn serve(
         .thread_name("rapidfs")
         .build()
         .context("starting the runtime")?;
+    if let Some(addr) = &cfg.metrics.addr {
+        let _guard = rt.enter();
+        crate::metrics::serve(metrics_addr(addr)?)?;
+        crate::metrics::sample_memory(cfg.cache.memory_mb * 1024 * 1024);
+        tracing::info!(addr = %addr, "serving metrics at /metrics");
+    }
     let emulator = match &args.emulator {
         Some(dir) => Some(rt.block_on(start_emulator(dir))?),
         None => None,
@@ -282,22 +399,30 @@ fn serve(
             signal(SignalKind::terminate()).context("installing SIGTERM handler")?,
         )
     };
+    // The source as mount(8) knows it, so `mount -a` sees the fstab line is already mounted.
     let settings = MountSettings {
-        fsname: format!("rapidfs:{}", args.bucket),
+        fsname: args.bucket.clone(),
         read_only: cfg.fs.read_only,
         allow_other: cfg.fs.allow_other,
-        extra: args
-            .options
-            .iter()
-            .flat_map(|o| o.split(','))
-            .map(|s| s.trim().to_string())
-            .collect(),
+        extra: super::kernel_mount_options(&args.options),
     };
-    let mut mounted = Mounted::start(fs, rt.handle().clone(), mountpoint, &settings)
-        .map_err(|e| anyhow!("cannot mount on {}: {e}", mountpoint.display()))?;
+    let mut mounted = match target {
+        Target::Dir(mountpoint) => {
+            let mounted = Mounted::start(fs, rt.handle().clone(), &mountpoint, &settings)
+                .map_err(|e| anyhow!("cannot mount on {}: {e}", mountpoint.display()))?;
+            set_read_ahead(&mountpoint, cfg.read.kernel_read_ahead_kb);
+            tracing::info!(bucket = %args.bucket, mountpoint = %mountpoint.display(), endpoint = %cfg.gcs.endpoint, "mounted");
+            mounted
+        }
+        Target::Fd(fd) => {
+            let raw = fd.as_raw_fd();
+            let mounted = Mounted::serve_fd(fs, rt.handle().clone(), fd)
+                .map_err(|e| anyhow!("cannot serve the /dev/fuse descriptor: {e}"))?;
+            tracing::info!(bucket = %args.bucket, fd = raw, endpoint = %cfg.gcs.endpoint, "serving a mounted /dev/fuse descriptor");
+            mounted
+        }
+    };
     let ended = mounted.ended();
-    set_read_ahead(mountpoint, cfg.read.kernel_read_ahead_kb);
-    tracing::info!(bucket = %args.bucket, mountpoint = %mountpoint.display(), endpoint = %cfg.gcs.endpoint, "mounted");
     ready.send("ok");
     // Under systemd (Type=notify) the unit becomes active only now that the mount is live.
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
@@ -309,9 +434,10 @@ fn serve(
         }
     });
     if signalled {
-        tracing::info!("signal received: unmounting");
+        tracing::info!("signal received: flushing writes and unmounting");
     }
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
+    rt.block_on(mounted.stop_writes());
     if let Err(e) = mounted.unmount() {
         tracing::warn!(error = %e, "unmount ended with an error");
     }
