@@ -180,6 +180,7 @@ pub struct Mounted {
     ended: Option<tokio::sync::oneshot::Receiver<()>>,
     fs: Fs,
     writes: Arc<WriteGate>,
+    finished: bool,
 }
 
 impl Mounted {
@@ -250,6 +251,7 @@ impl Mounted {
             ended: Some(rx),
             fs,
             writes,
+            finished: false,
         })
     }
 
@@ -282,11 +284,21 @@ impl Mounted {
     /// still open) or a descriptor mounted by someone else keeps it busy, and a stopping
     /// process need not wait for that.
     fn finish(&mut self) -> std::io::Result<()> {
+        if std::mem::replace(&mut self.finished, true) {
+            return Ok(());
+        }
         let unmounted = self.unmounter.unmount();
         if let Ok(true) = unmounted {
             tracing::info!("files still open: mount detached lazily");
         }
-        let grace = Instant::now() + THREAD_GRACE;
+        // A detached mount and a passed descriptor (nobody unmounts it here) keep the thread
+        // busy until their files close or the process ends: no point waiting for it.
+        let wait = if matches!(self.unmounter, Unmounter::Nobody) || matches!(unmounted, Ok(true)) {
+            Duration::ZERO
+        } else {
+            THREAD_GRACE
+        };
+        let grace = Instant::now() + wait;
         while self.thread.as_ref().is_some_and(|t| !t.is_finished()) && Instant::now() < grace {
             std::thread::sleep(Duration::from_millis(5));
         }

@@ -434,7 +434,7 @@ fn serve(
         }
     });
     if signalled {
-        tracing::info!("signal received: flushing writes and unmounting");
+        tracing::info!("signal received: flushing writes, then stopping");
     }
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
     rt.block_on(mounted.stop_writes());
@@ -444,7 +444,7 @@ fn serve(
     if let Some(emu) = emulator {
         rt.block_on(emu.shutdown());
     }
-    tracing::info!("unmounted");
+    tracing::info!("stopped");
     Ok(())
 }
 
