@@ -43,6 +43,32 @@ pub fn fuse_op(op: &'static str, elapsed: Duration, bytes: u64, errno: Option<i3
     }
 }
 
+/// The method of a gRPC path (`/google.storage.v2.Storage/GetObject` -> `GetObject`), as a
+/// label with a bounded set of values.
+pub fn grpc_method(path: &str) -> &'static str {
+    const KNOWN: [&str; 13] = [
+        "BidiReadObject",
+        "BidiWriteObject",
+        "GetObject",
+        "ListObjects",
+        "DeleteObject",
+        "MoveObject",
+        "GetBucket",
+        "ReadObject",
+        "WriteObject",
+        "GetStorageLayout",
+        "CreateFolder",
+        "DeleteFolder",
+        "RenameFolder",
+    ];
+    let name = path.rsplit('/').next().unwrap_or("");
+    KNOWN
+        .iter()
+        .find(|k| **k == name)
+        .copied()
+        .unwrap_or("other")
+}
+
 /// One gRPC call (or stream open) finished with the given status code name.
 pub fn grpc_call(method: &'static str, elapsed: Duration, code: &'static str) {
     counter!("rapidfs_grpc_calls_total", "method" => method, "code" => code).increment(1);
@@ -60,6 +86,17 @@ pub enum StreamEvent {
     Reconnected,
 }
 
+impl StreamEvent {
+    /// A write stream opened for the first time, or reopened after a break.
+    pub fn from_reopen(reopen: bool) -> StreamEvent {
+        if reopen {
+            StreamEvent::Reconnected
+        } else {
+            StreamEvent::Opened
+        }
+    }
+}
+
 /// Counts a stream event for reads or writes (`kind` is "read" or "write").
 pub fn stream(kind: &'static str, event: StreamEvent) {
     let event = match event {
@@ -70,10 +107,11 @@ pub fn stream(kind: &'static str, event: StreamEvent) {
     counter!("rapidfs_streams_total", "kind" => kind, "event" => event).increment(1);
 }
 
-/// A block cache lookup.
-pub fn cache_lookup(hit: bool) {
+/// A block cache lookup that found (`hit`) or fetched `value`; hands `value` back.
+pub fn cache_lookup<T>(hit: bool, value: T) -> T {
     let result = if hit { "hit" } else { "miss" };
     counter!("rapidfs_cache_lookups_total", "result" => result).increment(1);
+    value
 }
 
 /// Bytes the daemon holds under its memory budget, next to the budget.
@@ -172,7 +210,7 @@ mod tests {
             fuse_op("lookup", Duration::from_micros(30), 0, Some(libc::ENOENT));
             grpc_call("BidiReadObject", Duration::from_millis(2), "OK");
             stream("read", StreamEvent::Reconnected);
-            cache_lookup(true);
+            cache_lookup(true, ());
             memory(5, 10);
         });
         let text = handle.render();

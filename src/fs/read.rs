@@ -211,8 +211,10 @@ impl ReadPath {
             }
         }
         self.blocks
-            .try_get_with(key, async move { pool.read(start, end - start).await })
+            .entry(key)
+            .or_try_insert_with(async move { pool.read(start, end - start).await })
             .await
+            .map(|e| crate::metrics::cache_lookup(!e.is_fresh(), e.into_value()))
             .map_err(|e| super::error::log_err("read", &h.key, &e))
     }
 

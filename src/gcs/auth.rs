@@ -202,7 +202,34 @@ impl tower::Service<http::Request<Body>> for AuthChannel {
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut req: http::Request<Body>) -> Self::Future {
+    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+        let method = crate::metrics::grpc_method(req.uri().path());
+        let start = std::time::Instant::now();
+        let call = self.call_with_credentials(req);
+        Box::pin(async move {
+            let response = call.await;
+            // A failed call answers at once with its status in the headers; a stream's or
+            // a unary call's status comes later, in the trailers: then this is the open.
+            let code = match &response {
+                Ok(r) => r
+                    .headers()
+                    .get("grpc-status")
+                    .and_then(|v| v.to_str().ok()?.parse().ok())
+                    .unwrap_or(0),
+                Err(_) => tonic::Code::Unavailable as i32,
+            };
+            crate::metrics::grpc_call(method, start.elapsed(), crate::metrics::grpc_code(code));
+            response
+        })
+    }
+}
+
+impl AuthChannel {
+    fn call_with_credentials(
+        &mut self,
+        mut req: http::Request<Body>,
+    ) -> <Self as tower::Service<http::Request<Body>>>::Future {
+        use tower::Service;
         // The channel that was polled ready serves this call; a clone takes its place.
         let fresh = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, fresh);

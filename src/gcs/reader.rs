@@ -119,6 +119,7 @@ impl BidiReader {
             return Ok(Bytes::new());
         }
         let mut rx = self.shared.start(offset, len)?;
+        crate::metrics::stream("read", crate::metrics::StreamEvent::Reused);
         let mut chunks: Vec<Bytes> = Vec::new();
         let mut got = 0u64;
         while let Some(item) = rx.recv().await {
@@ -371,6 +372,7 @@ impl Session {
                         )));
                     };
                     let meta = ObjectMeta::from(obj);
+                    crate::metrics::stream("read", crate::metrics::StreamEvent::Opened);
                     self.generation = Some(meta.generation);
                     if let Some(h) = first.read_handle {
                         self.handle = Some(h.handle);
@@ -561,6 +563,7 @@ impl Session {
                 return Ok(());
             }
             self.counters.reconnects.fetch_add(1, Ordering::Relaxed);
+            crate::metrics::stream("read", crate::metrics::StreamEvent::Reconnected);
             let mut ids = self.ranges.ids();
             let first: Vec<_> = ids
                 .iter()

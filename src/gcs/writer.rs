@@ -252,6 +252,7 @@ impl AppendWriter {
 
     /// Opens a stream with `first` and waits for its first response (resource + handle).
     async fn open(&mut self, first: FirstMessage, reopen: bool) -> Attempt<()> {
+        crate::metrics::stream("write", crate::metrics::StreamEvent::from_reopen(reopen));
         let write_offset = self.persisted;
         let (tx, rx) = mpsc::channel(SEND_QUEUE);
         let msg = BidiWriteObjectRequest {
