@@ -3,9 +3,10 @@
 //! cannot drift apart; they call these functions and never name a metric themselves.
 //! Recording is a few atomic operations: cheap enough for the read path.
 
-use metrics::{counter, gauge, histogram};
+use metrics::{counter, gauge, histogram, Counter, Histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use std::net::SocketAddr;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 /// Latency buckets in seconds: 10 µs to 10 s, enough resolution for sub-millisecond reads.
@@ -29,14 +30,77 @@ fn builder() -> PrometheusBuilder {
         .expect("the latency bucket list is a non-empty constant")
 }
 
+/// Every FUSE operation that is recorded.
+const FUSE_OPS: [&str; 21] = [
+    "lookup",
+    "getattr",
+    "setattr",
+    "mknod",
+    "mkdir",
+    "unlink",
+    "rmdir",
+    "rename",
+    "open",
+    "create",
+    "read",
+    "write",
+    "flush",
+    "release",
+    "fsync",
+    "opendir",
+    "readdir",
+    "readdirplus",
+    "releasedir",
+    "statfs",
+    "access",
+];
+
+/// The series of one FUSE operation, registered once: recording then costs an atomic add and
+/// a histogram push, with no key building or registry lookup per request.
+struct OpSeries {
+    requests: Counter,
+    bytes: Counter,
+    latency: Histogram,
+}
+
+/// The series of `op`, registered at first use: after `serve` installed the recorder, or
+/// never recorded at all (no-op handles) when metrics are not served.
+fn op_series(op: &str) -> Option<&'static OpSeries> {
+    static SERIES: OnceLock<Vec<OpSeries>> = OnceLock::new();
+    let i = FUSE_OPS.iter().position(|o| *o == op)?;
+    let all = SERIES.get_or_init(|| {
+        FUSE_OPS
+            .iter()
+            .map(|&op| OpSeries {
+                requests: counter!("rapidfs_fuse_requests_total", "op" => op),
+                bytes: if matches!(op, "read" | "write") {
+                    counter!("rapidfs_fuse_bytes_total", "op" => op)
+                } else {
+                    Counter::noop()
+                },
+                latency: histogram!("rapidfs_fuse_latency_seconds", "op" => op),
+            })
+            .collect()
+    });
+    all.get(i)
+}
+
 /// One FUSE operation answered: its latency, the payload bytes it moved, and its errno
 /// when it failed.
 pub fn fuse_op(op: &'static str, elapsed: Duration, bytes: u64, errno: Option<i32>) {
-    counter!("rapidfs_fuse_requests_total", "op" => op).increment(1);
-    if bytes > 0 {
-        counter!("rapidfs_fuse_bytes_total", "op" => op).increment(bytes);
+    match op_series(op) {
+        Some(s) => {
+            s.requests.increment(1);
+            if bytes > 0 {
+                s.bytes.increment(bytes);
+            }
+            s.latency.record(elapsed.as_secs_f64());
+        }
+        None => {
+            counter!("rapidfs_fuse_requests_total", "op" => op).increment(1);
+            histogram!("rapidfs_fuse_latency_seconds", "op" => op).record(elapsed.as_secs_f64());
+        }
     }
-    histogram!("rapidfs_fuse_latency_seconds", "op" => op).record(elapsed.as_secs_f64());
     if let Some(errno) = errno {
         counter!("rapidfs_fuse_errors_total", "op" => op, "errno" => errno_name(errno))
             .increment(1);
@@ -99,18 +163,37 @@ impl StreamEvent {
 
 /// Counts a stream event for reads or writes (`kind` is "read" or "write").
 pub fn stream(kind: &'static str, event: StreamEvent) {
-    let event = match event {
-        StreamEvent::Opened => "opened",
-        StreamEvent::Reused => "reused",
-        StreamEvent::Reconnected => "reconnected",
+    static SERIES: OnceLock<Vec<Counter>> = OnceLock::new();
+    const EVENTS: [&str; 3] = ["opened", "reused", "reconnected"];
+    let all = SERIES.get_or_init(|| {
+        ["read", "write"]
+            .iter()
+            .flat_map(|&k| {
+                EVENTS.map(|e| counter!("rapidfs_streams_total", "kind" => k, "event" => e))
+            })
+            .collect()
+    });
+    let e = match event {
+        StreamEvent::Opened => 0,
+        StreamEvent::Reused => 1,
+        StreamEvent::Reconnected => 2,
     };
-    counter!("rapidfs_streams_total", "kind" => kind, "event" => event).increment(1);
+    let k = usize::from(kind == "write");
+    if let Some(c) = all.get(k * EVENTS.len() + e) {
+        c.increment(1);
+    }
 }
 
 /// A block cache lookup that found (`hit`) or fetched `value`; hands `value` back.
 pub fn cache_lookup<T>(hit: bool, value: T) -> T {
-    let result = if hit { "hit" } else { "miss" };
-    counter!("rapidfs_cache_lookups_total", "result" => result).increment(1);
+    static SERIES: OnceLock<[Counter; 2]> = OnceLock::new();
+    let [hits, misses] = SERIES.get_or_init(|| {
+        [
+            counter!("rapidfs_cache_lookups_total", "result" => "hit"),
+            counter!("rapidfs_cache_lookups_total", "result" => "miss"),
+        ]
+    });
+    if hit { hits } else { misses }.increment(1);
     value
 }
 
