@@ -150,7 +150,9 @@ pub fn init_logging(level: &str, format: LogFormat) {
     let filter = std::env::var("RUST_LOG")
         .ok()
         .and_then(|v| EnvFilter::try_new(v).ok())
-        .or_else(|| EnvFilter::try_new(level).ok())
+        // fuser warns "Failed to umount" whenever the mount was already undone from outside
+        // (`umount DIR`, the normal way to stop): one false alarm per unmount.
+        .or_else(|| EnvFilter::try_new(format!("{level},fuser::session=error")).ok())
         .unwrap_or_else(|| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -31,8 +31,32 @@ fn is_mounted(path: &Path) -> bool {
         .any(|l| l.split(' ').nth(4) == Some(p.as_ref()))
 }
 
+/// The node component's mount: unmounted (lazily) when dropped, so a failing test leaves
+/// nothing behind.
+struct NodeMount {
+    fd: Option<OwnedFd>,
+    dir: PathBuf,
+}
+
+impl NodeMount {
+    fn raw_fd(&self) -> RawFd {
+        self.fd.as_ref().map_or(-1, |f| f.as_raw_fd())
+    }
+}
+
+impl Drop for NodeMount {
+    fn drop(&mut self) {
+        self.fd.take();
+        // SAFETY: a valid path string; the kernel touches nothing else of ours.
+        let rc = unsafe { libc::umount2(cstr(&self.dir).as_ptr(), libc::MNT_DETACH) };
+        if rc != 0 && !std::thread::panicking() {
+            panic!("umount: {}", std::io::Error::last_os_error());
+        }
+    }
+}
+
 /// What the node component does: open /dev/fuse and mount it for uid 65534.
-fn node_mount(dir: &Path) -> OwnedFd {
+fn node_mount(dir: &Path) -> NodeMount {
     let dev = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -58,13 +82,10 @@ fn node_mount(dir: &Path) -> OwnedFd {
         )
     };
     assert_eq!(rc, 0, "mount(2): {}", std::io::Error::last_os_error());
-    fd
-}
-
-fn node_unmount(dir: &Path) {
-    // SAFETY: a valid path string; the kernel touches nothing else of ours.
-    let rc = unsafe { libc::umount2(cstr(dir).as_ptr(), libc::MNT_DETACH) };
-    assert_eq!(rc, 0, "umount: {}", std::io::Error::last_os_error());
+    NodeMount {
+        fd: Some(fd),
+        dir: dir.to_path_buf(),
+    }
 }
 
 /// A root-owned file of mode 000: bind-mounted over /dev/fuse in the daemon's namespace.
@@ -239,7 +260,7 @@ fn dev_fd_n_serves_a_descriptor_mounted_by_root() {
     let blocker = no_access_file(work.path());
     let (notify, notify_path) = notify_socket(work.path());
     let fuse = node_mount(mnt.path());
-    let mut child = sidecar(&blocker, Some(fuse.as_raw_fd()), &notify_path)
+    let mut child = sidecar(&blocker, Some(fuse.raw_fd()), &notify_path)
         .args(["mount", BUCKET, "/dev/fd/3", "--foreground", "--endpoint"])
         .arg(env.emu().endpoint())
         .spawn()
@@ -248,7 +269,7 @@ fn dev_fd_n_serves_a_descriptor_mounted_by_root() {
     check_unprivileged(child.id());
     serve_and_stop(mnt.path(), &files, child);
     drop(fuse);
-    node_unmount(mnt.path());
+    assert!(!is_mounted(mnt.path()));
 }
 
 /// Sends `fd` with SCM_RIGHTS to the first client of `listener`.
@@ -290,7 +311,7 @@ fn fuse_fd_socket_serves_a_descriptor_received_over_a_socket() {
     let sock_path = work.path().join("fuse.sock");
     let listener = UnixListener::bind(&sock_path).expect("listen");
     std::fs::set_permissions(&sock_path, std::fs::Permissions::from_mode(0o666)).expect("chmod");
-    let raw = fuse.as_raw_fd();
+    let raw = fuse.raw_fd();
     let node = std::thread::spawn(move || send_fd(&listener, raw));
     let mut child = sidecar(&blocker, None, &notify_path)
         .args(["mount", BUCKET, "--fuse-fd-socket"])
@@ -313,7 +334,7 @@ fn fuse_fd_socket_serves_a_descriptor_received_over_a_socket() {
     );
     serve_and_stop(mnt.path(), &files, child);
     drop(fuse);
-    node_unmount(mnt.path());
+    assert!(!is_mounted(mnt.path()));
 }
 
 #[test]

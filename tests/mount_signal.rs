@@ -49,8 +49,9 @@ fn daemon(env: &Env, mnt: &Path) -> Child {
     child
 }
 
-/// SIGTERM, then the daemon must exit 0 within 30 s (killed and failed otherwise).
-fn terminate(mut child: Child) {
+/// SIGTERM, then the daemon must exit 0 within 30 s (killed, its mount detached, and failed
+/// otherwise).
+fn terminate(mut child: Child, mnt: &Path) {
     // SAFETY: signalling our own child process.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
     let start = Instant::now();
@@ -61,6 +62,7 @@ fn terminate(mut child: Child) {
         if start.elapsed() > Duration::from_secs(30) {
             let _ = child.kill();
             let _ = child.wait();
+            let _ = Command::new("umount").arg("-l").arg(mnt).status();
             panic!("the daemon did not stop within 30 s of SIGTERM");
         }
         std::thread::sleep(Duration::from_millis(10));
@@ -102,7 +104,7 @@ fn sigterm_during_a_1_gib_read_unmounts_and_exits_0() {
         }
     });
     at_64.1.recv().expect("reader got 64 MiB");
-    terminate(child);
+    terminate(child, mnt.path());
     go_on.0.send(()).expect("reader waits");
     let read = reader.join().expect("reader ends");
     assert!(read < SIZE, "the read should have been cut, read {read}");
@@ -141,7 +143,7 @@ fn sigterm_during_a_write_keeps_every_acknowledged_byte() {
         acked
     });
     at_16.1.recv().expect("writer got 16 MiB through");
-    terminate(child);
+    terminate(child, mnt.path());
     let acked = writer.join().expect("writer ends");
     let _ = done.1.recv();
     assert!(!in_proc_mounts(mnt.path()), "stale mount left behind");
