@@ -163,3 +163,43 @@ pub fn init_logging(level: &str, format: LogFormat) {
         LogFormat::Json => builder.json().try_init(),
     };
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv(s: &str) -> Vec<OsString> {
+        s.split_whitespace().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn mount_options_become_flags() {
+        let cli = parse(argv(
+            "rapidfs mount b /m -o ro,_netdev,uid=5,file_mode=640,log_level=debug,key_file=/k,implicit_dirs",
+        ))
+        .unwrap_or_else(|_| panic!("parses"));
+        assert_eq!(cli.log_level.as_deref(), Some("debug"));
+        let Command::Mount(m) = cli.command else {
+            panic!("a mount");
+        };
+        assert_eq!((m.uid, m.file_mode), (Some(5), Some(0o640)));
+        assert_eq!(
+            m.access.key_file.as_deref(),
+            Some(std::path::Path::new("/k"))
+        );
+        assert!(m.implicit_dirs);
+        assert_eq!(kernel_mount_options(&m.options), vec!["ro".to_string()]);
+    }
+
+    #[test]
+    fn unknown_or_malformed_mount_options_are_refused() {
+        assert!(matches!(
+            parse(argv("rapidfs mount b /m -o ro,bogus")),
+            Err(Bad::Option(m)) if m.contains("'bogus'")
+        ));
+        assert!(matches!(
+            parse(argv("rapidfs mount b /m -o uid=me")),
+            Err(Bad::Clap(_))
+        ));
+    }
+}
