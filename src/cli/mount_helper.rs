@@ -56,10 +56,11 @@ pub fn rewrite(argv: Vec<OsString>) -> Invocation {
         .first()
         .and_then(|a| std::path::Path::new(a).file_name())
         .is_some_and(|n| n.to_string_lossy().starts_with("mount."));
-    let first = argv.get(1).map(|a| a.to_string_lossy().into_owned());
-    let no_subcommand = first
-        .as_deref()
-        .is_some_and(|f| !f.starts_with('-') && !SUBCOMMANDS.contains(&f));
+    let word = |i: usize| argv.get(i).map(|a| a.to_string_lossy().into_owned());
+    // mount(8) always passes an absolute mountpoint; a mistyped subcommand has none.
+    let no_subcommand = word(1)
+        .is_some_and(|f| !f.starts_with('-') && !SUBCOMMANDS.contains(&f.as_str()))
+        && word(2).is_some_and(|m| m.starts_with('/'));
     if !(called_as_helper || no_subcommand) {
         return Invocation::Argv(argv);
     }
@@ -195,6 +196,8 @@ mod tests {
             &["rapidfs", "--log-level", "debug", "check", "b"],
             &["rapidfs", "help"],
             &["rapidfs"],
+            &["rapidfs", "mout", "b", "/m"],
+            &["rapidfs", "frob"],
         ] {
             assert_eq!(rewrite(argv(words)), Invocation::Argv(argv(words)));
         }
