@@ -389,6 +389,8 @@ mod tests {
         let b = socket_name(Path::new(&format!("{long}e")));
         assert!(a.len() <= MAX_ESCAPED + 5 + 17, "{a}");
         assert_ne!(a, b);
+        // The same name python/rapidfs_sampler.py computes.
+        assert_eq!(a, format!("{}-243462728bd4819e.sock", "-d".repeat(20)));
     }
 
     #[test]

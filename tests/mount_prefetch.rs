@@ -213,3 +213,140 @@ fn a_cold_small_file_costs_one_stream_and_no_extra_calls() {
     assert_eq!(st.ranges_requested, n, "{st:?}");
     assert_eq!(st.bytes_sent, n * 128 * 1024, "{st:?}");
 }
+
+/// Content of version `v` of file `i`: sizes alternate so some versions share a size (a mix
+/// of two same-size versions would go unnoticed by a length check alone).
+fn version(i: u64, v: u64) -> Vec<u8> {
+    let size = 40 * 1024 + ((i + v) % 2) as usize * 24 * 1024;
+    data(i * 1000 + v, size)
+}
+
+/// Objects replaced through the emulator while hinted epochs read them: every read returns
+/// exactly one version's full content, with the size stat reported, and once the metadata
+/// TTL has passed, the newest version.
+#[test]
+fn hinted_prefetch_never_serves_stale_or_mixed_bytes_while_objects_change() {
+    let env = Env::new(BUCKET);
+    let files = 48u64;
+    let name = |i: u64| format!("e/f{i:03}");
+    for i in 0..files {
+        env.put(BUCKET, &name(i), &version(i, 0));
+    }
+    let mut cfg = env.config();
+    let ttl = 300;
+    cfg.fs.stat_ttl_ms = ttl;
+    cfg.fs.list_ttl_ms = ttl;
+    cfg.fs.kernel_entry_ttl_ms = ttl;
+    cfg.fs.kernel_attr_ttl_ms = ttl;
+    cfg.fs.negative_ttl_ms = ttl;
+    let m = mount(&env, &cfg);
+    let latest: Vec<std::sync::atomic::AtomicU64> = (0..files)
+        .map(|_| std::sync::atomic::AtomicU64::new(0))
+        .collect();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let mut ctl = Ctl::connect(&m.socket());
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // Replace objects, some with a new size, some with the same size.
+            let mut v = 1;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for i in (v % 3..files).step_by(3) {
+                    env.put(BUCKET, &name(i), &version(i, v));
+                    latest[i as usize].store(v, std::sync::atomic::Ordering::Relaxed);
+                }
+                v += 1;
+                std::thread::sleep(Duration::from_millis(25));
+            }
+        });
+        for epoch in 0..8u64 {
+            let order: Vec<u64> = (0..files).map(|k| (k * 7 + epoch * 5) % files).collect();
+            let hint = ctl.call(
+                json!({"op": "hint", "paths": order.iter().map(|&i| name(i)).collect::<Vec<_>>()}),
+            );
+            assert_eq!(hint["ok"], true, "{hint}");
+            for &i in &order {
+                use std::io::Read;
+                let mut f = std::fs::File::open(m.p(&name(i))).expect("open");
+                let before = f.metadata().expect("fstat").len();
+                let mut got = Vec::new();
+                f.read_to_end(&mut got).expect("read");
+                let after = f.metadata().expect("fstat").len();
+                let newest = latest[i as usize].load(std::sync::atomic::Ordering::Relaxed);
+                let known = (0..=newest + 1).any(|v| got == version(i, v));
+                assert!(known, "{}: {} bytes match no version", name(i), got.len());
+                if before == after {
+                    assert_eq!(got.len() as u64, before, "{}: size stat reported", name(i));
+                }
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    std::thread::sleep(Duration::from_millis(ttl * 2 + 100));
+    for i in 0..files {
+        let newest = latest[i as usize].load(std::sync::atomic::Ordering::Relaxed);
+        let got = std::fs::read(m.p(&name(i))).expect("read");
+        assert!(
+            got == version(i, newest),
+            "{}: not the newest version after the TTL",
+            name(i)
+        );
+    }
+    let stats = ctl.call(json!({"op": "stats"}));
+    assert!(
+        stats["prefetch_used"].as_u64().expect("used") > 0,
+        "{stats}"
+    );
+}
+
+/// `rapidfs prefetch DIR` loads a directory tree through the socket: reading it afterwards
+/// costs no read stream and no byte from the emulator. A path outside any rapidfs mount is
+/// one line of error and a non-zero exit.
+#[test]
+fn prefetch_command_warms_a_prefix_and_refuses_paths_outside_a_mount() {
+    let env = Env::new(BUCKET);
+    let mut want = Vec::new();
+    for i in 0..30u64 {
+        let name = format!("warm/sub{}/f{i:02}", i % 3);
+        let bytes = data(500 + i, 10_000 + i as usize * 3000);
+        env.put(BUCKET, &name, &bytes);
+        want.push((name, bytes));
+    }
+    let big = data(9, 3 * 1024 * 1024 + 17);
+    env.put(BUCKET, "warm/big.bin", &big);
+    env.put(BUCKET, "cold/other", b"not loaded");
+    let m = mount(&env, &env.config());
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rapidfs"))
+        .arg("prefetch")
+        .arg(m.p("warm"))
+        .env_remove(rapidfs::control::SOCKET_ENV)
+        .output()
+        .expect("rapidfs prefetch runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("prefetched 31 files"), "{stdout}");
+    let before = env.emu().stats();
+    for (name, bytes) in &want {
+        assert_eq!(&std::fs::read(m.p(name)).expect("read"), bytes, "{name}");
+    }
+    assert_eq!(std::fs::read(m.p("warm/big.bin")).expect("read"), big);
+    let after = env.emu().stats();
+    assert_eq!(after.read_streams, before.read_streams, "{after:?}");
+    assert_eq!(after.bytes_sent, before.bytes_sent, "{after:?}");
+
+    let outside = tempfile::tempdir().expect("tempdir");
+    for bad in [outside.path().to_path_buf(), m.p("no/such/file")] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_rapidfs"))
+            .arg("prefetch")
+            .arg(&bad)
+            .output()
+            .expect("rapidfs prefetch runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr:?}");
+        assert!(stderr.starts_with("rapidfs: error: "), "{stderr}");
+    }
+}
