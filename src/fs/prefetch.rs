@@ -120,12 +120,26 @@ struct Cursor {
     sizes: Vec<u64>,
 }
 
-/// Listing-order scan of one directory.
-#[derive(Default, Clone, Copy)]
+/// Listing-order scan of one directory: the last position opened, and once two opens came
+/// in order, the listing's keys and the cursor moving over them.
+#[derive(Default)]
 struct DirScan {
     last: usize,
-    run: u32,
-    issued_to: usize,
+    cursor: Cursor,
+    keys: Option<Arc<[Arc<str>]>>,
+    /// The listing the positions refer to; a new listing starts a new scan.
+    listing: Option<Arc<super::dir::Listing>>,
+}
+
+/// What to do about an upcoming file.
+#[derive(Debug, Clone, Copy)]
+enum Upcoming {
+    /// Load it; its metadata is known.
+    Load(ObjMeta),
+    /// Load it if it turns out small; its metadata must be fetched first.
+    Unknown,
+    /// Leave it: not a file, too large, or the kernel's page cache holds it.
+    Skip,
 }
 
 /// Prefetch state of a mount.
@@ -192,17 +206,65 @@ impl Fs {
         format!("{}{}", self.inner.root_key, rel.trim_matches('/'))
     }
 
-    /// Metadata of file `key` known without a call: the inode's, else its directory listing's.
-    fn known_meta(&self, key: &str) -> Option<ObjMeta> {
+    /// What to do about upcoming file `key`, from what is known without a call: its inode's
+    /// metadata, else its directory listing's.
+    fn upcoming(&self, key: &str) -> Upcoming {
+        if key.is_empty() || key.ends_with('/') {
+            return Upcoming::Skip;
+        }
         let i = &self.inner;
+        let small = i.reads.small_limit();
+        let judge = |m: ObjMeta| {
+            if m.size > small {
+                Upcoming::Skip
+            } else {
+                Upcoming::Load(m)
+            }
+        };
         let ino = i.inodes.peek_ino(key, Kind::File);
-        if let Some(m) = i.inodes.get(ino).and_then(|n| n.meta().0) {
-            return Some(m);
+        if let Some(inode) = i.inodes.get(ino) {
+            if let Some(m) = inode.meta().0 {
+                // The kernel serves this version from its page cache: loading it again
+                // would only fill our cache with bytes nobody asks for.
+                if inode.page_cache_holds(m.identity()) {
+                    return Upcoming::Skip;
+                }
+                return judge(m);
+            }
         }
         let (dir, name) = split_key(key);
         let dir_ino = i.inodes.peek_ino(dir, Kind::Dir);
-        let listing = i.listings.as_ref()?.get(&dir_ino)?;
-        listing.find(name)?.meta
+        let found = i
+            .listings
+            .as_ref()
+            .and_then(|c| c.get(&dir_ino))
+            .and_then(|l| l.find(name).and_then(|e| e.meta));
+        found.map_or(Upcoming::Unknown, judge)
+    }
+
+    /// Advances `c` over `keys` (see [`advance`]) and loads what comes due.
+    fn advance_keys(&self, c: &mut Cursor, at: Option<usize>, keys: &[Arc<str>]) -> u64 {
+        let p = &self.inner.prefetch;
+        let mut plans = Vec::new();
+        let range = advance(c, at, keys.len(), p.window, p.max_files, |n| {
+            let plan = self.upcoming(&keys[n]);
+            plans.push(plan);
+            match plan {
+                Upcoming::Skip => 0,
+                Upcoming::Load(m) => m.size,
+                Upcoming::Unknown => GUESSED_SIZE,
+            }
+        });
+        let mut started = 0;
+        for (n, plan) in range.zip(plans) {
+            match plan {
+                Upcoming::Skip => continue,
+                Upcoming::Load(m) => self.spawn_load(keys[n].clone(), Some(m)),
+                Upcoming::Unknown => self.spawn_load(keys[n].clone(), None),
+            }
+            started += 1;
+        }
+        started
     }
 
     /// Replaces the hint of control connection `conn`: `rels` (paths relative to the mount
@@ -232,24 +294,8 @@ impl Fs {
 
     /// Loads the files of `order` that are due once position `at` is opened.
     fn advance_order(&self, order: &Order, at: Option<usize>) {
-        let p = &self.inner.prefetch;
-        let small = self.inner.reads.small_limit();
-        let mut metas = Vec::new();
-        let range = {
-            let mut c = lock(&order.cursor);
-            advance(&mut c, at, order.keys.len(), p.window, p.max_files, |n| {
-                let m = self.known_meta(&order.keys[n]);
-                metas.push(m);
-                match m {
-                    Some(m) if m.size > small => 0,
-                    Some(m) => m.size,
-                    None => GUESSED_SIZE,
-                }
-            })
-        };
-        for (n, meta) in range.zip(metas) {
-            self.spawn_load(order.keys[n].clone(), meta);
-        }
+        let mut c = lock(&order.cursor);
+        self.advance_keys(&mut c, at, &order.keys);
     }
 
     /// Called at every open of file `key`: moves the orders it is part of.
@@ -270,7 +316,7 @@ impl Fs {
     }
 
     /// Directory-order detection: the second open in a row of the next file of a cached
-    /// listing starts prefetching the files after it.
+    /// listing starts prefetching the files after it, as if the listing were a hint.
     fn dir_order_open(&self, key: &str) {
         let i = &self.inner;
         let (dir, name) = split_key(key);
@@ -284,45 +330,41 @@ impl Fs {
         else {
             return;
         };
-        let p = &i.prefetch;
-        let (from, to) = {
-            let mut dirs = lock(&p.dirs);
-            if dirs.len() >= MAX_DIR_SCANS && !dirs.contains_key(&dir_ino) {
-                dirs.clear();
-            }
-            let s = dirs.entry(dir_ino).or_default();
-            s.run = if s.run > 0 && at == s.last + 1 {
-                s.run + 1
-            } else {
-                1
-            };
-            s.last = at;
-            if s.run < 2 {
-                return;
-            }
-            let small = i.reads.small_limit();
-            let size_of = |n: usize| match &listing.entries[n] {
-                e if e.kind != Kind::File => 0,
-                e => e
-                    .meta
-                    .map_or(0, |m| if m.size > small { 0 } else { m.size }),
-            };
-            let from = s.issued_to.max(at + 1);
-            let mut ahead: u64 = (at + 1..s.issued_to).map(size_of).sum();
-            let mut to = from;
-            while to < listing.entries.len() && ahead < p.window && to - at <= p.max_files {
-                ahead += size_of(to);
-                to += 1;
-            }
-            s.issued_to = s.issued_to.max(to);
-            (from, to)
-        };
-        for e in listing.entries.get(from..to).unwrap_or_default() {
-            if let (Kind::File, Some(m)) = (e.kind, e.meta) {
-                i.reads.counters().bump(&i.reads.counters().dir_order, 1);
-                self.spawn_load(Arc::from(format!("{dir}{}", e.name)), Some(m));
-            }
+        let mut dirs = lock(&i.prefetch.dirs);
+        if dirs.len() >= MAX_DIR_SCANS && !dirs.contains_key(&dir_ino) {
+            dirs.clear();
         }
+        let s = dirs.entry(dir_ino).or_default();
+        let same_listing = s.listing.as_ref().is_some_and(|l| Arc::ptr_eq(l, &listing));
+        let in_order = same_listing && s.cursor.read.is_some() && at == s.last + 1;
+        s.last = at;
+        if !in_order {
+            *s = DirScan {
+                last: at,
+                cursor: Cursor {
+                    read: Some(at),
+                    ..Cursor::default()
+                },
+                keys: None,
+                listing: Some(listing),
+            };
+            return;
+        }
+        // Directories are not files to load: their keys stay out of the order.
+        let keys = s.keys.get_or_insert_with(|| {
+            listing
+                .entries
+                .iter()
+                .map(|e| match e.kind {
+                    Kind::File => Arc::from(format!("{dir}{}", e.name)),
+                    Kind::Dir => Arc::from(""),
+                })
+                .collect()
+        });
+        let keys = keys.clone();
+        let started = self.advance_keys(&mut s.cursor, Some(at), &keys);
+        let c = i.reads.counters();
+        c.bump(&c.dir_order, started);
     }
 
     /// Loads one small file in the background, at most `prefetch_parallel` at once.

@@ -165,26 +165,34 @@ impl ReadPath {
             meta.generation,
             meta.size,
         );
-        let what = key.clone();
+        let (what, seen) = (key.clone(), self.prefetched.clone());
         let entry = self
             .blocks
             .entry(cache_key)
             .or_try_insert_with(async move {
+                // Marked before the bytes arrive: a reader joining this load counts as a use.
+                seen.insert((what.clone(), generation), ());
                 if size == 0 {
                     return Ok(Bytes::new());
                 }
                 // A stream of its own, closed when done: prefetched objects keep no stream open.
-                let (_reader, pending) = client
-                    .open_reader_reading(&bucket, &what, Some(generation), 0, size)
-                    .await?;
-                pending.bytes().await
+                let fetched = async {
+                    let (_reader, pending) = client
+                        .open_reader_reading(&bucket, &what, Some(generation), 0, size)
+                        .await?;
+                    pending.bytes().await
+                }
+                .await;
+                if fetched.is_err() {
+                    seen.invalidate(&(what, generation));
+                }
+                fetched
             })
             .await
             .map_err(|e| super::error::log_err("prefetch", &key, &e))?;
         if !entry.is_fresh() {
             return Ok(Loaded::Present);
         }
-        self.prefetched.insert((key, meta.generation), ());
         Ok(Loaded::Fetched(entry.value().len() as u64))
     }
 
