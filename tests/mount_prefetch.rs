@@ -440,3 +440,125 @@ fn python_sampler_helper_hints_each_epoch_and_its_prefetches_are_used() {
     assert_eq!(hinted["prefetch_evicted_unused"], 0, "{hinted}");
     assert_eq!(hinted["prefetch_failed"], 0, "{hinted}");
 }
+
+/// Peak resident memory of process `pid`, sampled every 10 ms until `stop` is set, in bytes.
+fn sample_rss(pid: u32, stop: &std::sync::atomic::AtomicBool) -> u64 {
+    let mut peak = 0;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let kb: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0);
+        peak = peak.max(kb * 1024);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    peak
+}
+
+/// A daemon (`rapidfs mount --foreground`, its own process) with a 64 MiB budget reads a
+/// hinted epoch of a dataset four times the budget with two readers: its resident memory
+/// stays under the budget plus 64 MiB, the emulator sends under 1.1x the dataset, and the
+/// readers mostly find their files prefetched.
+#[test]
+fn hinted_epoch_over_four_times_the_budget_stays_in_budget_and_fetches_once() {
+    const MIB: u64 = 1024 * 1024;
+    let budget_mb = 64;
+    let env = Env::new(BUCKET);
+    let mut sizes = Vec::new();
+    let mut total = 0u64;
+    let mut i = 0u64;
+    while total < 4 * budget_mb * MIB {
+        let size = 60_000 + ((i * 7919) % 100) as usize * 1000;
+        env.put(BUCKET, &format!("big/f{i:05}"), &data(i, size));
+        sizes.push(size);
+        total += size as u64;
+        i += 1;
+    }
+    let files = sizes.len() as u64;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mnt = dir.path().canonicalize().expect("canonical");
+    let mut daemon = std::process::Command::new(env!("CARGO_BIN_EXE_rapidfs"))
+        .args(["mount", BUCKET])
+        .arg(&mnt)
+        .args(["--foreground", "--endpoint", &env.emu().endpoint()])
+        .args(["--memory-mb", &budget_mb.to_string()])
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("rapidfs mount starts");
+    let sock = rapidfs::control::socket_path(&mnt);
+    let start = std::time::Instant::now();
+    while !sock.exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no control socket at {}",
+            sock.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let listed = std::fs::read_dir(mnt.join("big")).expect("ls").count() as u64;
+    assert_eq!(listed, files);
+    env.emu().reset_stats();
+    let order: Vec<u64> = (0..files).map(|k| (k * 7919 + 13) % files).collect();
+    let mut ctl = Ctl::connect(&sock);
+    let paths: Vec<String> = order.iter().map(|i| format!("big/f{i:05}")).collect();
+    assert_eq!(ctl.call(json!({"op": "hint", "paths": paths}))["ok"], true);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let peak = std::thread::scope(|s| {
+        let sampler = s.spawn(|| sample_rss(daemon.id(), &stop));
+        let _stop = StopOnDrop(&stop);
+        // Two readers take batches of 16 in turn, as DataLoader workers do.
+        let readers: Vec<_> = (0..2)
+            .map(|w| {
+                let (order, sizes, mnt) = (&order, &sizes, &mnt);
+                s.spawn(move || {
+                    for batch in order.chunks(16).skip(w).step_by(2) {
+                        for &i in batch {
+                            let got =
+                                std::fs::read(mnt.join(format!("big/f{i:05}"))).expect("read");
+                            assert!(got == data(i, sizes[i as usize]), "f{i:05}: wrong bytes");
+                        }
+                    }
+                })
+            })
+            .collect();
+        for r in readers {
+            r.join().expect("reader");
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        sampler.join().expect("sampler")
+    });
+    let emu = env.emu().stats();
+    let stats = ctl.call(json!({"op": "stats"}));
+    drop(ctl);
+    let _ = std::process::Command::new("fusermount3")
+        .arg("-u")
+        .arg(&mnt)
+        .status();
+    let _ = daemon.wait();
+    eprintln!(
+        "dataset {} MiB in {files} files, budget {budget_mb} MiB: peak RSS {} MiB, sent {:.3}x, {stats}",
+        total / MIB,
+        peak / MIB,
+        emu.bytes_sent as f64 / total as f64
+    );
+    assert!(peak > 0, "RSS was sampled");
+    assert!(
+        peak < (budget_mb + 64) * MIB,
+        "peak RSS {} MiB over budget {budget_mb} MiB + 64",
+        peak / MIB
+    );
+    assert!(
+        (emu.bytes_sent as f64) < 1.1 * total as f64,
+        "fetched {} of a {total}-byte dataset: {emu:?} {stats}",
+        emu.bytes_sent
+    );
+    let used = stats["prefetch_used"].as_u64().expect("used");
+    assert!(
+        used * 2 > files,
+        "most reads found their file prefetched: {stats}"
+    );
+}

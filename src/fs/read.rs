@@ -274,6 +274,14 @@ impl ReadPath {
         if h.size <= self.small {
             let whole = self.cached(h, WHOLE, 0, h.size).await?;
             self.note_use(h);
+            if offset == 0 && end == h.size {
+                // Read whole in one request: the kernel's page cache holds it now. Keeping a
+                // second copy would only push out what is still to be read (the cache is LRU,
+                // and files prefetched for later were loaded before this one was read).
+                self.blocks
+                    .invalidate(&(h.key.clone(), h.generation, WHOLE))
+                    .await;
+            }
             return Ok(slice(&whole, offset, end));
         }
         let plan = h
