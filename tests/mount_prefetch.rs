@@ -562,3 +562,78 @@ fn hinted_epoch_over_four_times_the_budget_stays_in_budget_and_fetches_once() {
         "most reads found their file prefetched: {stats}"
     );
 }
+
+/// Reading a directory's files in listing order (as `cat dir/*` or `tar` do) prefetches the
+/// files after them without any hint; a shuffled order does not.
+#[test]
+fn reading_a_directory_in_listing_order_prefetches_the_next_files() {
+    let env = Env::new(BUCKET);
+    for i in 0..40u64 {
+        env.put(BUCKET, &format!("seq/f{i:03}"), &data(300 + i, 30_000));
+        env.put(BUCKET, &format!("shuf/f{i:03}"), &data(400 + i, 30_000));
+    }
+    let m = mount(&env, &env.config());
+    let mut ctl = Ctl::connect(&m.socket());
+    let mut names: Vec<_> = std::fs::read_dir(m.p("shuf"))
+        .expect("ls")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    names.sort();
+    let order: Vec<usize> = (0..names.len())
+        .map(|k| (k * 17 + 5) % names.len())
+        .collect();
+    for &k in &order {
+        assert_eq!(std::fs::read(&names[k]).expect("read").len(), 30_000);
+    }
+    let shuffled = ctl.call(json!({"op": "stats"}));
+    assert_eq!(shuffled["prefetch_issued"], 0, "{shuffled}");
+
+    let mut names: Vec<_> = std::fs::read_dir(m.p("seq"))
+        .expect("ls")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    names.sort();
+    for (i, p) in names.iter().enumerate() {
+        assert_eq!(
+            std::fs::read(p).expect("read"),
+            data(300 + i as u64, 30_000)
+        );
+    }
+    let st = ctl.call(json!({"op": "stats"}));
+    assert!(
+        st["prefetch_dir_order"].as_u64().expect("dir") >= 30,
+        "{st}"
+    );
+    assert!(st["prefetch_used"].as_u64().expect("used") >= 20, "{st}");
+}
+
+/// A client that asks for a warm-up and hangs up at once harms nothing: the mount still reads,
+/// and the next client's warm-up completes.
+#[test]
+fn a_client_leaving_mid_prefetch_harms_nothing() {
+    let env = Env::new(BUCKET);
+    for i in 0..200u64 {
+        env.put(BUCKET, &format!("w/f{i:03}"), &data(600 + i, 50_000));
+    }
+    let m = mount(&env, &env.config());
+    for _ in 0..5 {
+        let mut c = Ctl::connect(&m.socket());
+        c.send_raw(&json!({"op": "prefetch", "paths": ["w"]}).to_string());
+        drop(c);
+    }
+    assert_eq!(
+        std::fs::read(m.p("w/f007")).expect("read"),
+        data(607, 50_000)
+    );
+    let mut c = Ctl::connect(&m.socket());
+    let done = c.call(json!({"op": "prefetch", "paths": ["w"]}));
+    assert_eq!(done["ok"], true, "{done}");
+    assert_eq!(done["done"], 200, "{done}");
+    assert_eq!(done["failed"], 0, "{done}");
+    for i in (0..200u64).step_by(37) {
+        assert_eq!(
+            std::fs::read(m.p(&format!("w/f{i:03}"))).expect("read"),
+            data(600 + i, 50_000)
+        );
+    }
+}
