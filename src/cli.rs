@@ -6,6 +6,7 @@ mod check;
 mod emulator;
 mod mount;
 mod mount_helper;
+mod prefetch;
 
 use crate::config::LogFormat;
 use clap::{CommandFactory, Parser, Subcommand};
@@ -36,6 +37,8 @@ pub enum Command {
     Mount(Box<mount::MountArgs>),
     /// Diagnose the connection to a bucket: credentials, reachability, zones, latency.
     Check(check::CheckArgs),
+    /// Load files or directories of a mounted bucket into the mount's cache (warm-up).
+    Prefetch(prefetch::PrefetchArgs),
 }
 
 /// Entry point of the binary: never panics on bad input, always one line per error.
@@ -56,6 +59,7 @@ pub fn main() -> ExitCode {
         Command::Emulator(args) => emulator::run(args, cli.log_level, cli.log_format),
         Command::Mount(args) => mount::run(*args, cli.log_level, cli.log_format),
         Command::Check(args) => check::run(args, cli.log_level, cli.log_format),
+        Command::Prefetch(args) => prefetch::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

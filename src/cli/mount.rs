@@ -406,20 +406,23 @@ fn serve(
         allow_other: cfg.fs.allow_other,
         extra: super::kernel_mount_options(&args.options),
     };
-    let mut mounted = match target {
+    // A served descriptor has no mountpoint of ours to derive the control socket's path from.
+    let control_fs = fs.clone();
+    let (mut mounted, control) = match target {
         Target::Dir(mountpoint) => {
             let mounted = Mounted::start(fs, rt.handle().clone(), &mountpoint, &settings)
                 .map_err(|e| anyhow!("cannot mount on {}: {e}", mountpoint.display()))?;
             set_read_ahead(&mountpoint, cfg.read.kernel_read_ahead_kb);
             tracing::info!(bucket = %args.bucket, mountpoint = %mountpoint.display(), endpoint = %cfg.gcs.endpoint, "mounted");
-            mounted
+            let control = start_control(&rt, control_fs, args, &cfg, &mountpoint, ready);
+            (mounted, control)
         }
         Target::Fd(fd) => {
             let raw = fd.as_raw_fd();
             let mounted = Mounted::serve_fd(fs, rt.handle().clone(), fd)
                 .map_err(|e| anyhow!("cannot serve the /dev/fuse descriptor: {e}"))?;
             tracing::info!(bucket = %args.bucket, fd = raw, endpoint = %cfg.gcs.endpoint, "serving a mounted /dev/fuse descriptor");
-            mounted
+            (mounted, None)
         }
     };
     let ended = mounted.ended();
@@ -441,11 +444,47 @@ fn serve(
     if let Err(e) = mounted.unmount() {
         tracing::warn!(error = %e, "unmount ended with an error");
     }
+    drop(control);
     if let Some(emu) = emulator {
         rt.block_on(emu.shutdown());
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Starts the mount's control socket (hints, warm-up, stats) and says where it is; a mount
+/// without one still works, so a failure is only reported.
+fn start_control(
+    rt: &tokio::runtime::Runtime,
+    fs: Fs,
+    args: &MountArgs,
+    cfg: &Config,
+    mountpoint: &Path,
+    ready: &mut Ready,
+) -> Option<crate::control::ControlServer> {
+    let info = crate::control::Info {
+        bucket: args.bucket.clone(),
+        endpoint: cfg.gcs.endpoint.clone(),
+        prefix: cfg.fs.only_dir.clone().unwrap_or_default(),
+        mountpoint: mountpoint.to_path_buf(),
+    };
+    let _guard = rt.enter();
+    match crate::control::ControlServer::start(fs, info) {
+        Ok(c) => {
+            tracing::info!(socket = %c.path().display(), "control socket listening");
+            ready.note(&format!("control socket: {}", c.path().display()));
+            Some(c)
+        }
+        Err(e) => {
+            let path = crate::control::socket_path(mountpoint);
+            tracing::warn!(socket = %path.display(), error = %e, "no control socket");
+            ready.note(&format!(
+                "warning: no control socket at {}: {e}",
+                path.display()
+            ));
+            None
+        }
+    }
 }
 
 /// Keeps the daemon's resident memory close to what it holds, so the one memory budget means

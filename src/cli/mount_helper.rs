@@ -11,8 +11,15 @@
 
 use std::ffi::OsString;
 
-/// The subcommands: an argv whose first word is none of these (nor a flag) is a mount(8) call.
-const SUBCOMMANDS: [&str; 4] = ["mount", "emulator", "check", "help"];
+/// Whether `word` names a subcommand (taken from the parser itself, so a new subcommand is
+/// never mistaken for a bucket): an argv whose first word is none (nor a flag) is a mount(8) call.
+fn is_subcommand(word: &str) -> bool {
+    use clap::CommandFactory;
+    word == "help"
+        || super::Cli::command()
+            .get_subcommands()
+            .any(|c| c.get_name() == word)
+}
 
 /// Options the kernel (or fusermount3) takes; `fuse::MountSettings` applies them.
 const KERNEL: [&str; 16] = [
@@ -58,8 +65,7 @@ pub fn rewrite(argv: Vec<OsString>) -> Invocation {
         .is_some_and(|n| n.to_string_lossy().starts_with("mount."));
     let word = |i: usize| argv.get(i).map(|a| a.to_string_lossy().into_owned());
     // mount(8) always passes an absolute mountpoint; a mistyped subcommand has none.
-    let no_subcommand = word(1)
-        .is_some_and(|f| !f.starts_with('-') && !SUBCOMMANDS.contains(&f.as_str()))
+    let no_subcommand = word(1).is_some_and(|f| !f.starts_with('-') && !is_subcommand(&f))
         && word(2).is_some_and(|m| m.starts_with('/'));
     if !(called_as_helper || no_subcommand) {
         return Invocation::Argv(argv);
@@ -193,6 +199,7 @@ mod tests {
     fn subcommands_and_flags_are_left_alone() {
         for words in [
             &["rapidfs", "mount", "b", "/m"][..],
+            &["rapidfs", "prefetch", "/mnt/data/train"],
             &["rapidfs", "--log-level", "debug", "check", "b"],
             &["rapidfs", "help"],
             &["rapidfs"],
