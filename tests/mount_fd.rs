@@ -251,25 +251,61 @@ fn the_binary_runs_as_uid_65534() {
     );
 }
 
+/// One node and its sidecar's surroundings: the bucket with its files, the node component's
+/// mount, and a directory uid 65534 can reach holding the /dev/fuse blocker and the
+/// sd_notify socket.
+struct Node {
+    env: Env,
+    files: Vec<(String, Vec<u8>)>,
+    mnt: tempfile::TempDir,
+    work: tempfile::TempDir,
+    blocker: PathBuf,
+    notify: UnixDatagram,
+    notify_path: PathBuf,
+    fuse: NodeMount,
+}
+
+impl Node {
+    fn new() -> Node {
+        let env = Env::new(BUCKET);
+        let files = put_files(&env);
+        let mnt = tempfile::tempdir().expect("tempdir");
+        let work = shared_dir();
+        let blocker = no_access_file(work.path());
+        let (notify, notify_path) = notify_socket(work.path());
+        let fuse = node_mount(mnt.path());
+        Node {
+            env,
+            files,
+            mnt,
+            work,
+            blocker,
+            notify,
+            notify_path,
+            fuse,
+        }
+    }
+
+    /// Reads every file through the sidecar's mount, stops the sidecar, and unmounts as the
+    /// node component does.
+    fn serve_and_unmount(self, child: Child) {
+        serve_and_stop(self.mnt.path(), &self.files, child);
+        drop(self.fuse);
+        assert!(!is_mounted(self.mnt.path()));
+    }
+}
+
 #[test]
 fn dev_fd_n_serves_a_descriptor_mounted_by_root() {
-    let env = Env::new(BUCKET);
-    let files = put_files(&env);
-    let mnt = tempfile::tempdir().expect("tempdir");
-    let work = shared_dir();
-    let blocker = no_access_file(work.path());
-    let (notify, notify_path) = notify_socket(work.path());
-    let fuse = node_mount(mnt.path());
-    let mut child = sidecar(&blocker, Some(fuse.raw_fd()), &notify_path)
+    let node = Node::new();
+    let mut child = sidecar(&node.blocker, Some(node.fuse.raw_fd()), &node.notify_path)
         .args(["mount", BUCKET, "/dev/fd/3", "--foreground", "--endpoint"])
-        .arg(env.emu().endpoint())
+        .arg(node.env.emu().endpoint())
         .spawn()
         .expect("sidecar starts");
-    wait_ready(&notify, &mut child);
+    wait_ready(&node.notify, &mut child);
     check_unprivileged(child.id());
-    serve_and_stop(mnt.path(), &files, child);
-    drop(fuse);
-    assert!(!is_mounted(mnt.path()));
+    node.serve_and_unmount(child);
 }
 
 /// Sends `fd` with SCM_RIGHTS to the first client of `listener`.
@@ -301,27 +337,21 @@ fn send_fd(listener: &UnixListener, fd: RawFd) {
 
 #[test]
 fn fuse_fd_socket_serves_a_descriptor_received_over_a_socket() {
-    let env = Env::new(BUCKET);
-    let files = put_files(&env);
-    let mnt = tempfile::tempdir().expect("tempdir");
-    let work = shared_dir();
-    let blocker = no_access_file(work.path());
-    let (notify, notify_path) = notify_socket(work.path());
-    let fuse = node_mount(mnt.path());
-    let sock_path = work.path().join("fuse.sock");
+    let node = Node::new();
+    let sock_path = node.work.path().join("fuse.sock");
     let listener = UnixListener::bind(&sock_path).expect("listen");
     std::fs::set_permissions(&sock_path, std::fs::Permissions::from_mode(0o666)).expect("chmod");
-    let raw = fuse.raw_fd();
-    let node = std::thread::spawn(move || send_fd(&listener, raw));
-    let mut child = sidecar(&blocker, None, &notify_path)
+    let raw = node.fuse.raw_fd();
+    let sender = std::thread::spawn(move || send_fd(&listener, raw));
+    let mut child = sidecar(&node.blocker, None, &node.notify_path)
         .args(["mount", BUCKET, "--fuse-fd-socket"])
         .arg(&sock_path)
         .args(["--foreground", "--endpoint"])
-        .arg(env.emu().endpoint())
+        .arg(node.env.emu().endpoint())
         .spawn()
         .expect("sidecar starts");
-    node.join().expect("descriptor sent");
-    wait_ready(&notify, &mut child);
+    sender.join().expect("descriptor sent");
+    wait_ready(&node.notify, &mut child);
     check_unprivileged(child.id());
     let fds: Vec<PathBuf> = std::fs::read_dir(format!("/proc/{}/fd", child.id()))
         .expect("fds")
@@ -332,9 +362,7 @@ fn fuse_fd_socket_serves_a_descriptor_received_over_a_socket() {
         fds.iter().any(|l| l == Path::new("/dev/fuse")),
         "the sidecar holds the received /dev/fuse: {fds:?}"
     );
-    serve_and_stop(mnt.path(), &files, child);
-    drop(fuse);
-    assert!(!is_mounted(mnt.path()));
+    node.serve_and_unmount(child);
 }
 
 #[test]
