@@ -4,6 +4,7 @@
 mod access;
 mod check;
 mod emulator;
+mod finalize;
 mod mount;
 
 use crate::config::LogFormat;
@@ -34,6 +35,10 @@ pub enum Command {
     Mount(Box<mount::MountArgs>),
     /// Diagnose the connection to a bucket: credentials, reachability, zones, latency.
     Check(check::CheckArgs),
+    /// List objects left unfinalized (appendable), e.g. by a crashed writer.
+    Unfinalized(finalize::UnfinalizedArgs),
+    /// Finalize objects (files in a mount, or gs://BUCKET/OBJECT).
+    Finalize(finalize::FinalizeArgs),
 }
 
 /// Entry point of the binary: never panics on bad input, always one line per error.
@@ -46,6 +51,10 @@ pub fn main() -> ExitCode {
         Command::Emulator(args) => emulator::run(args, cli.log_level, cli.log_format),
         Command::Mount(args) => mount::run(*args, cli.log_level, cli.log_format),
         Command::Check(args) => check::run(args, cli.log_level, cli.log_format),
+        Command::Unfinalized(args) => {
+            finalize::run_unfinalized(args, cli.log_level, cli.log_format)
+        }
+        Command::Finalize(args) => finalize::run_finalize(args, cli.log_level, cli.log_format),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -4,7 +4,7 @@
 //! there, so no request waits behind another's round trip. No filesystem logic lives here:
 //! only type conversions, the init negotiation and the mount options.
 
-use crate::fs::{Attr, Errno as FsErrno, Fs, Kind};
+use crate::fs::{Attr, Errno as FsErrno, Fs, Kind, SetAttr};
 use fuser::{
     AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
     INodeNo, InitFlags, KernelConfig, LockOwner, MountOption, OpenAccMode, OpenFlags, ReplyAttr,
@@ -403,23 +403,34 @@ impl Filesystem for FuseAdapter {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _mode: Option<u32>,
-        _uid: Option<u32>,
-        _gid: Option<u32>,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
         size: Option<u64>,
         _atime: Option<TimeOrNow>,
-        _mtime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
         _ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
+        fh: Option<FileHandle>,
         _crtime: Option<SystemTime>,
         _chgtime: Option<SystemTime>,
         _bkuptime: Option<SystemTime>,
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        let set = SetAttr {
+            size,
+            mode,
+            uid,
+            gid,
+            mtime: mtime.map(|t| match t {
+                TimeOrNow::SpecificTime(t) => t,
+                TimeOrNow::Now => SystemTime::now(),
+            }),
+            fh: fh.map(|f| f.0),
+        };
         let fs = self.fs.clone();
         self.rt.spawn(async move {
-            match fs.setattr(ino.0, size).await {
+            match fs.setattr(ino.0, set).await {
                 Ok(a) => reply.attr(&fs.attr_ttl(), &file_attr(&a)),
                 Err(e) => reply.error(errno(e)),
             }
@@ -429,34 +440,86 @@ impl Filesystem for FuseAdapter {
     fn mknod(
         &self,
         _req: &Request,
-        _parent: INodeNo,
-        _name: &OsStr,
-        _mode: u32,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
         _umask: u32,
         _rdev: u32,
         reply: ReplyEntry,
     ) {
-        reply.error(Errno::EROFS);
+        if mode & libc::S_IFMT != libc::S_IFREG {
+            return reply.error(Errno::EPERM);
+        }
+        let Some(name) = utf8(name) else {
+            return reply.error(Errno::EINVAL);
+        };
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.create(parent.0, &name, libc::O_EXCL).await {
+                Ok((e, o)) => {
+                    fs.release_write(o.fh).await;
+                    reply.entry_with_ttls(
+                        &e.attr_ttl,
+                        &e.entry_ttl,
+                        &file_attr(&e.attr),
+                        Generation(0),
+                    )
+                }
+                Err(e) => reply.error(errno(e)),
+            }
+        });
     }
 
     fn mkdir(
         &self,
         _req: &Request,
-        _parent: INodeNo,
-        _name: &OsStr,
+        parent: INodeNo,
+        name: &OsStr,
         _mode: u32,
         _umask: u32,
         reply: ReplyEntry,
     ) {
-        reply.error(Errno::EROFS);
+        let Some(name) = utf8(name) else {
+            return reply.error(Errno::EINVAL);
+        };
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.mkdir(parent.0, &name).await {
+                Ok(e) => reply.entry_with_ttls(
+                    &e.attr_ttl,
+                    &e.entry_ttl,
+                    &file_attr(&e.attr),
+                    Generation(0),
+                ),
+                Err(e) => reply.error(errno(e)),
+            }
+        });
     }
 
-    fn unlink(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(Errno::EROFS);
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let Some(name) = utf8(name) else {
+            return reply.error(Errno::ENOENT);
+        };
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.unlink(parent.0, &name).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(e)),
+            }
+        });
     }
 
-    fn rmdir(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(Errno::EROFS);
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let Some(name) = utf8(name) else {
+            return reply.error(Errno::ENOENT);
+        };
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs.rmdir(parent.0, &name).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(e)),
+            }
+        });
     }
 
     fn symlink(
@@ -473,14 +536,26 @@ impl Filesystem for FuseAdapter {
     fn rename(
         &self,
         _req: &Request,
-        _parent: INodeNo,
-        _name: &OsStr,
-        _newparent: INodeNo,
-        _newname: &OsStr,
-        _flags: fuser::RenameFlags,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: fuser::RenameFlags,
         reply: ReplyEmpty,
     ) {
-        reply.error(Errno::EROFS);
+        let (Some(name), Some(newname)) = (utf8(name), utf8(newname)) else {
+            return reply.error(Errno::EINVAL);
+        };
+        let fs = self.fs.clone();
+        self.rt.spawn(async move {
+            match fs
+                .rename(parent.0, &name, newparent.0, &newname, flags.bits())
+                .await
+            {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(e)),
+            }
+        });
     }
 
     fn link(
@@ -497,10 +572,11 @@ impl Filesystem for FuseAdapter {
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let write = flags.acc_mode() != OpenAccMode::O_RDONLY
             || flags.0 & (libc::O_TRUNC | libc::O_APPEND) != 0;
+        let truncate = flags.0 & libc::O_TRUNC != 0;
         let fs = self.fs.clone();
         self.rt.spawn(async move {
             let opened = if write {
-                fs.open_write(ino.0).await
+                fs.open_write(ino.0, truncate).await
             } else {
                 fs.open(ino.0, false).await
             };

@@ -1,0 +1,352 @@
+//! `rapidfs unfinalized MOUNTPOINT|BUCKET` lists the objects left unfinalized (appendable,
+//! for example by a writer that crashed), and `rapidfs finalize PATH...` finalizes them: it
+//! takes each object over (fencing any writer still holding it) and finishes it, with the
+//! whole-object CRC32C checked.
+//!
+//! A BUCKET is a bucket name or `gs://BUCKET/PREFIX`; a PATH is `gs://BUCKET/OBJECT` or a file
+//! inside a rapidfs mount. A mount is found in `/proc/self/mountinfo` (type `fuse.rapidfs`,
+//! source `rapidfs:BUCKET`); the endpoint comes from `--endpoint`/`--config` as for `rapidfs
+//! mount` (mountinfo does not record it, nor `--only-dir`: pass `--prefix` for such mounts).
+//! Touches only the objects it is asked about.
+
+use super::access::AccessArgs;
+use crate::config::{Config, LogFormat};
+use crate::gcs::{Client, ListRequest};
+use anyhow::{anyhow, bail, Context};
+use clap::Args;
+use futures::StreamExt;
+use std::path::{Path, PathBuf};
+
+/// How to reach the bucket: the same flags as `rapidfs mount`.
+#[derive(Debug, Args, Clone)]
+pub struct ConnArgs {
+    /// TOML configuration file; flags override it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Storage API endpoint (default https://storage.googleapis.com; http://HOST:PORT for an emulator).
+    #[arg(long)]
+    pub endpoint: Option<String>,
+    /// The prefix a mount was mounted with (`--only-dir`), for paths inside such a mount.
+    #[arg(long, value_name = "PREFIX")]
+    pub prefix: Option<String>,
+    /// Credentials and TLS flags.
+    #[command(flatten)]
+    pub access: AccessArgs,
+}
+
+/// Flags of `rapidfs unfinalized`.
+#[derive(Debug, Args)]
+pub struct UnfinalizedArgs {
+    /// A rapidfs mountpoint (or a directory inside one), a bucket name, or gs://BUCKET/PREFIX.
+    pub target: String,
+    /// How to reach the bucket.
+    #[command(flatten)]
+    pub conn: ConnArgs,
+}
+
+/// Flags of `rapidfs finalize`.
+#[derive(Debug, Args)]
+pub struct FinalizeArgs {
+    /// Files inside a rapidfs mount, or gs://BUCKET/OBJECT.
+    #[arg(required = true)]
+    pub paths: Vec<String>,
+    /// How to reach the bucket.
+    #[command(flatten)]
+    pub conn: ConnArgs,
+}
+
+/// Where names live: the bucket, the key prefix, and the mount that shows them (if any).
+#[derive(Debug, Clone, PartialEq)]
+struct Place {
+    bucket: String,
+    prefix: String,
+    mount: Option<PathBuf>,
+}
+
+impl Place {
+    /// How `key` is shown: the path in the mount, else its gs:// URL.
+    fn show(&self, key: &str) -> String {
+        match (&self.mount, key.strip_prefix(&self.mount_root())) {
+            (Some(m), Some(rel)) => m.join(rel).display().to_string(),
+            _ => format!("gs://{}/{key}", self.bucket),
+        }
+    }
+
+    fn mount_root(&self) -> String {
+        self.mount
+            .as_ref()
+            .map(|_| self.prefix.clone())
+            .unwrap_or_default()
+    }
+}
+
+/// Undoes mountinfo's octal escapes (`\040` for a space).
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 4 <= b.len() {
+            if let Some(v) = s
+                .get(i + 1..i + 4)
+                .and_then(|o| u8::from_str_radix(o, 8).ok())
+            {
+                out.push(v);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// rapidfs mounts in a mountinfo text: (mountpoint, bucket).
+fn rapidfs_mounts(mountinfo: &str) -> Vec<(PathBuf, String)> {
+    mountinfo
+        .lines()
+        .filter_map(|l| {
+            let (head, tail) = l.split_once(" - ")?;
+            let mountpoint = head.split(' ').nth(4)?;
+            let mut t = tail.split(' ');
+            let fstype = t.next()?;
+            let source = t.next()?;
+            let bucket = unescape(source).strip_prefix("rapidfs:")?.to_string();
+            (fstype == "fuse.rapidfs").then(|| (PathBuf::from(unescape(mountpoint)), bucket))
+        })
+        .collect()
+}
+
+/// The rapidfs mount holding `path` (deepest first) and `path` relative to it.
+fn mount_of(path: &Path) -> anyhow::Result<(PathBuf, String, String)> {
+    let info =
+        std::fs::read_to_string("/proc/self/mountinfo").context("reading /proc/self/mountinfo")?;
+    let mut mounts = rapidfs_mounts(&info);
+    mounts.sort_by_key(|(m, _)| std::cmp::Reverse(m.as_os_str().len()));
+    for (mnt, bucket) in mounts {
+        if let Ok(rel) = path.strip_prefix(&mnt) {
+            let rel = rel
+                .to_str()
+                .ok_or_else(|| anyhow!("{} is not UTF-8", path.display()))?;
+            return Ok((mnt, bucket, rel.to_string()));
+        }
+    }
+    bail!("{} is not inside a rapidfs mount", path.display())
+}
+
+/// An absolute path without resolving the last component (it may be a file being written).
+fn absolute(path: &Path) -> anyhow::Result<PathBuf> {
+    let abs = std::path::absolute(path).with_context(|| format!("{}", path.display()))?;
+    match (abs.parent(), abs.file_name()) {
+        (Some(parent), Some(name)) => Ok(parent
+            .canonicalize()
+            .with_context(|| format!("{}", parent.display()))?
+            .join(name)),
+        _ => Ok(abs),
+    }
+}
+
+fn split_gs(url: &str) -> Option<(String, String)> {
+    let rest = url.strip_prefix("gs://")?;
+    let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
+    Some((bucket.to_string(), key.to_string()))
+}
+
+fn with_slash(p: &str) -> String {
+    let p = p.trim_matches('/');
+    if p.is_empty() {
+        String::new()
+    } else {
+        format!("{p}/")
+    }
+}
+
+/// What `rapidfs unfinalized` lists.
+fn resolve_target(target: &str, conn: &ConnArgs) -> anyhow::Result<Place> {
+    if let Some((bucket, prefix)) = split_gs(target) {
+        return Ok(Place {
+            bucket,
+            prefix,
+            mount: None,
+        });
+    }
+    let path = Path::new(target);
+    if path.is_dir() {
+        let (mnt, bucket, rel) = mount_of(&path.canonicalize()?)?;
+        let root = with_slash(conn.prefix.as_deref().unwrap_or(""));
+        return Ok(Place {
+            bucket,
+            prefix: format!("{root}{}", with_slash(&rel)),
+            mount: Some(mnt),
+        });
+    }
+    if target.contains('/') || target.is_empty() {
+        bail!("'{target}' is neither a rapidfs mount nor a bucket name");
+    }
+    Ok(Place {
+        bucket: target.to_string(),
+        prefix: String::new(),
+        mount: None,
+    })
+}
+
+/// The bucket and object key a `finalize` argument names.
+fn resolve_file(arg: &str, conn: &ConnArgs) -> anyhow::Result<(Place, String)> {
+    if let Some((bucket, key)) = split_gs(arg) {
+        if key.is_empty() {
+            bail!("'{arg}' names no object");
+        }
+        let place = Place {
+            bucket,
+            prefix: String::new(),
+            mount: None,
+        };
+        return Ok((place, key));
+    }
+    let (mnt, bucket, rel) = mount_of(&absolute(Path::new(arg))?)?;
+    if rel.is_empty() {
+        bail!("'{arg}' is the mountpoint, not a file");
+    }
+    let root = with_slash(conn.prefix.as_deref().unwrap_or(""));
+    let place = Place {
+        bucket,
+        prefix: root.clone(),
+        mount: Some(mnt),
+    };
+    Ok((place, format!("{root}{rel}")))
+}
+
+fn client_config(conn: &ConnArgs) -> anyhow::Result<Config> {
+    let mut cfg = Config::load_or_default(conn.config.as_deref())?;
+    if let Some(e) = &conn.endpoint {
+        cfg.gcs.endpoint = e.clone();
+    }
+    conn.access.apply(&mut cfg);
+    Ok(cfg)
+}
+
+fn runtime(
+    log_level: Option<String>,
+    log_format: Option<LogFormat>,
+) -> anyhow::Result<tokio::runtime::Runtime> {
+    super::init_logging(
+        log_level.as_deref().unwrap_or("warn"),
+        log_format.unwrap_or(LogFormat::Text),
+    );
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")
+}
+
+/// `rapidfs unfinalized`: one line per unfinalized object (path or URL, TAB, size).
+pub fn run_unfinalized(
+    args: UnfinalizedArgs,
+    log_level: Option<String>,
+    log_format: Option<LogFormat>,
+) -> anyhow::Result<()> {
+    let place = resolve_target(&args.target, &args.conn)?;
+    let cfg = client_config(&args.conn)?;
+    let rt = runtime(log_level, log_format)?;
+    let found = rt.block_on(async {
+        let client = Client::connect(&cfg.gcs).await?;
+        let req = ListRequest {
+            prefix: place.prefix.clone(),
+            page_size: 1000,
+            ..Default::default()
+        };
+        let mut pages = Box::pin(client.list(&place.bucket, req));
+        let mut found = 0usize;
+        while let Some(page) = pages.next().await {
+            for o in page?.objects.iter().filter(|o| !o.finalized) {
+                println!("{}\t{}", place.show(&o.name), o.size);
+                found += 1;
+            }
+        }
+        Ok::<_, crate::gcs::Error>(found)
+    })?;
+    eprintln!(
+        "{found} unfinalized object{} in gs://{}/{}",
+        if found == 1 { "" } else { "s" },
+        place.bucket,
+        place.prefix
+    );
+    Ok(())
+}
+
+/// `rapidfs finalize`: finalizes each object; fails (after trying all) if any failed.
+pub fn run_finalize(
+    args: FinalizeArgs,
+    log_level: Option<String>,
+    log_format: Option<LogFormat>,
+) -> anyhow::Result<()> {
+    let targets = args
+        .paths
+        .iter()
+        .map(|p| resolve_file(p, &args.conn))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let cfg = client_config(&args.conn)?;
+    let rt = runtime(log_level, log_format)?;
+    let failed = rt.block_on(async {
+        let client = Client::connect(&cfg.gcs).await?;
+        let mut failed = 0usize;
+        for (place, key) in &targets {
+            let shown = place.show(key);
+            match finalize_one(&client, &place.bucket, key).await {
+                Ok(Some(size)) => println!("finalized {shown} ({size} bytes)"),
+                Ok(None) => println!("{shown} was already finalized"),
+                Err(e) => {
+                    eprintln!("rapidfs: error: {shown}: {e}");
+                    failed += 1;
+                }
+            }
+        }
+        Ok::<_, crate::gcs::Error>(failed)
+    })?;
+    if failed > 0 {
+        bail!("{failed} of {} objects not finalized", targets.len());
+    }
+    Ok(())
+}
+
+/// Finalizes one object: `Some(size)`, or `None` when it was finalized already.
+async fn finalize_one(client: &Client, bucket: &str, key: &str) -> crate::gcs::Result<Option<u64>> {
+    let meta = client.get_object(bucket, key).await?;
+    if meta.finalized {
+        return Ok(None);
+    }
+    let w = client.open_appendable(bucket, key, meta.generation).await?;
+    let done = w.finalize().await?;
+    Ok(Some(done.size))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rapidfs_mounts_are_found_in_mountinfo() {
+        let info = "\
+36 35 98:0 / /mnt/a\\040b rw,nosuid - fuse.rapidfs rapidfs:data rw,user_id=0
+37 35 98:0 / /mnt/other rw - fuse.sshfs host:/x rw
+38 35 98:0 / /mnt/c rw - fuse.rapidfs rapidfs:ckpt rw";
+        assert_eq!(
+            rapidfs_mounts(info),
+            vec![
+                (PathBuf::from("/mnt/a b"), "data".to_string()),
+                (PathBuf::from("/mnt/c"), "ckpt".to_string())
+            ]
+        );
+    }
+
+    #[test]
+    fn gs_urls_split_into_bucket_and_key() {
+        assert_eq!(
+            split_gs("gs://b/x/y"),
+            Some(("b".to_string(), "x/y".to_string()))
+        );
+        assert_eq!(split_gs("gs://b"), Some(("b".to_string(), String::new())));
+        assert_eq!(split_gs("/mnt/x"), None);
+    }
+}
