@@ -174,15 +174,25 @@ fn tree(root: &Path) -> BTreeMap<String, Option<Vec<u8>>> {
 /// as objects and its directories as folders.
 fn same_tree(env: &Env, c: &Client, src: &Path, mnt: &Path, prefix: &str) {
     let want = tree(src);
-    assert!(tree(&mnt.join(prefix)) == want, "{prefix}: same tree as the source");
+    assert!(
+        tree(&mnt.join(prefix)) == want,
+        "{prefix}: same tree as the source"
+    );
     let files: Vec<String> = want
         .iter()
         .filter(|(_, v)| v.is_some())
         .map(|(k, _)| format!("{prefix}/{k}"))
         .collect();
-    assert_eq!(objects(env, c, &format!("{prefix}/")), files, "{prefix}: objects");
+    assert_eq!(
+        objects(env, c, &format!("{prefix}/")),
+        files,
+        "{prefix}: objects"
+    );
     for (dir, _) in want.iter().filter(|(_, v)| v.is_none()) {
-        assert!(folder(env, c, &format!("{prefix}/{dir}/")), "{prefix}/{dir}/ folder");
+        assert!(
+            folder(env, c, &format!("{prefix}/{dir}/")),
+            "{prefix}/{dir}/ folder"
+        );
     }
 }
 
@@ -202,7 +212,11 @@ fn tar_x_cp_r_rsync_a_and_rm_r_work_and_match_the_bucket() {
         .arg(&src)
         .arg("."));
     std::fs::create_dir(m.p("t")).expect("mkdir");
-    run(Command::new("tar").arg("-xf").arg(&tarball).arg("-C").arg(m.p("t")));
+    run(Command::new("tar")
+        .arg("-xf")
+        .arg(&tarball)
+        .arg("-C")
+        .arg(m.p("t")));
     same_tree(&env, &c, &src, &m.path, "t");
     run(Command::new("cp").arg("-r").arg(&src).arg(m.p("c")));
     same_tree(&env, &c, &src, &m.path, "c");
@@ -218,7 +232,10 @@ fn tar_x_cp_r_rsync_a_and_rm_r_work_and_match_the_bucket() {
         .arg(m.p("r")));
     for t in ["t", "c", "r"] {
         run(Command::new("rm").arg("-r").arg(m.p(t)));
-        assert!(objects(&env, &c, &format!("{t}/")).is_empty(), "{t}: no objects");
+        assert!(
+            objects(&env, &c, &format!("{t}/")).is_empty(),
+            "{t}: no objects"
+        );
         assert!(!folder(&env, &c, &format!("{t}/")), "{t}: no folder");
         assert_eq!(errno_of(std::fs::metadata(m.p(t))), libc::ENOENT);
     }
@@ -229,12 +246,17 @@ fn touch_chmod_and_chown_answer_like_the_mount_options_say() {
     let env = Env::new(BUCKET);
     env.put(BUCKET, "f", b"data");
     let m = env.mount(BUCKET, &env.config());
-    run(Command::new("touch").arg("-d").arg("2020-01-02 03:04:05").arg(m.p("f")));
+    run(Command::new("touch")
+        .arg("-d")
+        .arg("2020-01-02 03:04:05")
+        .arg(m.p("f")));
     run(Command::new("touch").arg(m.p("new")));
     run(Command::new("chmod").arg("600").arg(m.p("f")));
     // SAFETY: getuid and getgid cannot fail.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-    run(Command::new("chown").arg(format!("{uid}:{gid}")).arg(m.p("f")));
+    run(Command::new("chown")
+        .arg(format!("{uid}:{gid}"))
+        .arg(m.p("f")));
     let out = Command::new("chown")
         .arg("12345")
         .arg(m.p("f"))
@@ -250,8 +272,14 @@ fn touch_chmod_and_chown_answer_like_the_mount_options_say() {
         Some(libc::EPERM)
     );
     let tmp = tempfile::tempdir().expect("tempdir");
-    run(Command::new("cp").arg("-p").arg(m.p("f")).arg(tmp.path().join("f")));
-    run(Command::new("cp").arg("-p").arg(tmp.path().join("f")).arg(m.p("g")));
+    run(Command::new("cp")
+        .arg("-p")
+        .arg(m.p("f"))
+        .arg(tmp.path().join("f")));
+    run(Command::new("cp")
+        .arg("-p")
+        .arg(tmp.path().join("f"))
+        .arg(m.p("g")));
     assert_eq!(std::fs::read(m.p("g")).expect("read"), b"data");
 }
 
@@ -281,18 +309,26 @@ fn the_directory_backend_keeps_folders_as_directories_on_disk() {
     std::fs::write(m.p("a/b/f.txt"), b"file").expect("write");
     std::fs::rename(m.p("a/b"), m.p("a/renamed")).expect("rename dir");
     assert!(disk.join("a/renamed/c").is_dir());
-    assert_eq!(std::fs::read(disk.join("a/renamed/f.txt")).expect("on disk"), b"file");
+    assert_eq!(
+        std::fs::read(disk.join("a/renamed/f.txt")).expect("on disk"),
+        b"file"
+    );
     assert!(!disk.join("a/b").exists());
     std::fs::rename(m.p("a/renamed/f.txt"), m.p("a/g.txt")).expect("mv file");
-    assert_eq!(std::fs::read(disk.join("a/g.txt")).expect("on disk"), b"file");
     assert_eq!(
-        errno_of(std::fs::remove_dir(m.p("a"))),
-        libc::ENOTEMPTY
+        std::fs::read(disk.join("a/g.txt")).expect("on disk"),
+        b"file"
     );
+    assert_eq!(errno_of(std::fs::remove_dir(m.p("a"))), libc::ENOTEMPTY);
     run(Command::new("rm").arg("-r").arg(m.p("a")));
-    assert!(!disk.join("a").exists(), "rm -r removed the directories too");
+    assert!(
+        !disk.join("a").exists(),
+        "rm -r removed the directories too"
+    );
     // An empty directory made on disk (behind the emulator's back) shows in the mount.
     std::fs::create_dir(disk.join("made_on_disk")).expect("mkdir on disk");
     let other = env.mount(BUCKET, &env.config());
-    assert!(std::fs::metadata(other.p("made_on_disk")).expect("stat").is_dir());
+    assert!(std::fs::metadata(other.p("made_on_disk"))
+        .expect("stat")
+        .is_dir());
 }

@@ -4,8 +4,8 @@
 //! whole-object CRC32C checked.
 //!
 //! A BUCKET is a bucket name or `gs://BUCKET/PREFIX`; a PATH is `gs://BUCKET/OBJECT` or a file
-//! inside a rapidfs mount. A mount is found in `/proc/self/mountinfo` (type `fuse.rapidfs`,
-//! source `rapidfs:BUCKET`); the endpoint comes from `--endpoint`/`--config` as for `rapidfs
+//! inside a rapidfs mount. A mount is found in `/proc/self/mountinfo` (type `fuse.rapidfs`
+//! or `fuse`, source `rapidfs:BUCKET`); the endpoint comes from `--endpoint`/`--config` as for `rapidfs
 //! mount` (mountinfo does not record it, nor `--only-dir`: pass `--prefix` for such mounts).
 //! Touches only the objects it is asked about.
 
@@ -113,7 +113,9 @@ fn rapidfs_mounts(mountinfo: &str) -> Vec<(PathBuf, String)> {
             let fstype = t.next()?;
             let source = t.next()?;
             let bucket = unescape(source).strip_prefix("rapidfs:")?.to_string();
-            (fstype == "fuse.rapidfs").then(|| (PathBuf::from(unescape(mountpoint)), bucket))
+            // The kernel drops the subtype when root mounts directly: plain `fuse` then.
+            matches!(fstype, "fuse.rapidfs" | "fuse")
+                .then(|| (PathBuf::from(unescape(mountpoint)), bucket))
         })
         .collect()
 }
@@ -330,7 +332,7 @@ mod tests {
         let info = "\
 36 35 98:0 / /mnt/a\\040b rw,nosuid - fuse.rapidfs rapidfs:data rw,user_id=0
 37 35 98:0 / /mnt/other rw - fuse.sshfs host:/x rw
-38 35 98:0 / /mnt/c rw - fuse.rapidfs rapidfs:ckpt rw";
+38 35 98:0 / /mnt/c rw - fuse rapidfs:ckpt rw";
         assert_eq!(
             rapidfs_mounts(info),
             vec![
