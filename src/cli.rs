@@ -6,6 +6,7 @@ mod check;
 mod emulator;
 mod finalize;
 mod mount;
+mod prefetch;
 
 use crate::config::LogFormat;
 use clap::{Parser, Subcommand};
@@ -39,6 +40,8 @@ pub enum Command {
     Unfinalized(finalize::UnfinalizedArgs),
     /// Finalize objects (files in a mount, or gs://BUCKET/OBJECT).
     Finalize(finalize::FinalizeArgs),
+    /// Load files or directories of a mounted bucket into the mount's cache (warm-up).
+    Prefetch(prefetch::PrefetchArgs),
 }
 
 /// Entry point of the binary: never panics on bad input, always one line per error.
@@ -55,6 +58,7 @@ pub fn main() -> ExitCode {
             finalize::run_unfinalized(args, cli.log_level, cli.log_format)
         }
         Command::Finalize(args) => finalize::run_finalize(args, cli.log_level, cli.log_format),
+        Command::Prefetch(args) => prefetch::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

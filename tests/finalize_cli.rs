@@ -1,7 +1,8 @@
 //! `rapidfs unfinalized` and `rapidfs finalize` against a real crash: the `rapidfs` binary
 //! mounts the emulator of this test, writes and fsyncs a file, and is killed with SIGKILL;
 //! the object it leaves is unfinalized. The BUCKET form and the MOUNTPOINT/PATH forms (on a
-//! new mount) list it, finalize makes it a finished object with the same bytes.
+//! new mount, which tells its bucket and endpoint through its control socket) list it,
+//! finalize makes it a finished object with the same bytes.
 
 mod mount_support;
 mod write_support;
@@ -60,6 +61,14 @@ fn rapidfs(env: &Env, args: &[&str]) -> Output {
         .expect("rapidfs runs")
 }
 
+/// Without `--endpoint`: the mount's control socket must tell it.
+fn rapidfs_in_mount(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rapidfs"))
+        .args(args)
+        .output()
+        .expect("rapidfs runs")
+}
+
 fn stdout(o: &Output) -> String {
     assert!(
         o.status.success(),
@@ -95,15 +104,15 @@ fn an_object_left_by_a_killed_writer_is_listed_and_finalized() {
     let mut d = daemon(&env, mnt.path());
     let mp = mnt.path().to_str().expect("utf-8");
     let file = format!("{mp}/ckpt/log.bin");
-    let listed = stdout(&rapidfs(&env, &["unfinalized", mp]));
+    let listed = stdout(&rapidfs_in_mount(&["unfinalized", mp]));
     assert_eq!(listed, format!("{file}\t{}\n", 3 * MIB));
-    let done = stdout(&rapidfs(&env, &["finalize", &file]));
+    let done = stdout(&rapidfs_in_mount(&["finalize", &file]));
     assert_eq!(done, format!("finalized {file} ({} bytes)\n", 3 * MIB));
     let m = meta(&env.rt, &c, BUCKET, "ckpt/log.bin");
     assert!(m.finalized);
     assert_eq!(m.size, 3 * MIB as u64);
     assert!(bytes(&env.rt, &c, BUCKET, "ckpt/log.bin") == chunks(1, 3));
-    assert_eq!(stdout(&rapidfs(&env, &["unfinalized", mp])), "");
+    assert_eq!(stdout(&rapidfs_in_mount(&["unfinalized", mp])), "");
     let again = stdout(&rapidfs(
         &env,
         &["finalize", &format!("gs://{BUCKET}/done.bin")],

@@ -5,17 +5,23 @@
 //!
 //! A BUCKET is a bucket name or `gs://BUCKET/PREFIX`; a PATH is `gs://BUCKET/OBJECT` or a file
 //! inside a rapidfs mount. A mount is found in `/proc/self/mountinfo` (type `fuse.rapidfs`
-//! or `fuse`, source `rapidfs:BUCKET`); the endpoint comes from `--endpoint`/`--config` as for `rapidfs
-//! mount` (mountinfo does not record it, nor `--only-dir`: pass `--prefix` for such mounts).
-//! Touches only the objects it is asked about.
+//! or `fuse`, source `rapidfs:BUCKET`); its control socket's `info` tells its bucket, endpoint
+//! and `--only-dir` prefix. A mount without a control socket (an older daemon) is taken from
+//! mountinfo alone: bucket from the source, endpoint from `--endpoint`/`--config` as for
+//! `rapidfs mount`, prefix from `--prefix`. Touches only the objects it is asked about (and
+//! reads the mount's control socket).
 
 use super::access::AccessArgs;
 use crate::config::{Config, LogFormat};
+use crate::control::{socket_dirs, socket_name, SOCKET_ENV};
 use crate::gcs::{Client, ListRequest};
 use anyhow::{anyhow, bail, Context};
 use clap::Args;
 use futures::StreamExt;
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// How to reach the bucket: the same flags as `rapidfs mount`.
 #[derive(Debug, Args, Clone)]
@@ -61,6 +67,8 @@ struct Place {
     bucket: String,
     prefix: String,
     mount: Option<PathBuf>,
+    /// The mount's endpoint, when its control socket told it.
+    endpoint: Option<String>,
 }
 
 impl Place {
@@ -137,6 +145,50 @@ fn mount_of(path: &Path) -> anyhow::Result<(PathBuf, String, String)> {
     bail!("{} is not inside a rapidfs mount", path.display())
 }
 
+/// What a mount's control socket says of it: (bucket, endpoint, prefix). `None` when it has no
+/// socket or does not answer within a few seconds.
+fn mount_info(mnt: &Path) -> Option<(String, String, String)> {
+    let sock = match std::env::var_os(SOCKET_ENV).filter(|p| !p.is_empty()) {
+        Some(p) => PathBuf::from(p),
+        None => {
+            let name = socket_name(mnt);
+            socket_dirs()
+                .into_iter()
+                .map(|d| d.join(&name))
+                .find(|p| p.exists())?
+        }
+    };
+    let mut conn = std::os::unix::net::UnixStream::connect(&sock).ok()?;
+    conn.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    conn.write_all(b"{\"op\":\"info\"}\n").ok()?;
+    let mut line = String::new();
+    BufReader::new(conn).read_line(&mut line).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&line).ok()?;
+    let field = |k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_string);
+    if v.get("ok").and_then(|x| x.as_bool()) != Some(true) {
+        return None;
+    }
+    Some((field("bucket")?, field("endpoint")?, field("prefix")?))
+}
+
+/// The place of the mount on `mnt` (bucket `bucket` by mountinfo) with `rel` below its root.
+fn mount_place(mnt: PathBuf, bucket: String, conn: &ConnArgs) -> Place {
+    match mount_info(&mnt) {
+        Some((bucket, endpoint, prefix)) => Place {
+            bucket,
+            prefix: with_slash(conn.prefix.as_deref().unwrap_or(&prefix)),
+            mount: Some(mnt),
+            endpoint: Some(endpoint),
+        },
+        None => Place {
+            bucket,
+            prefix: with_slash(conn.prefix.as_deref().unwrap_or("")),
+            mount: Some(mnt),
+            endpoint: None,
+        },
+    }
+}
+
 /// An absolute path without resolving the last component (it may be a file being written).
 fn absolute(path: &Path) -> anyhow::Result<PathBuf> {
     let abs = std::path::absolute(path).with_context(|| format!("{}", path.display()))?;
@@ -171,17 +223,15 @@ fn resolve_target(target: &str, conn: &ConnArgs) -> anyhow::Result<Place> {
             bucket,
             prefix,
             mount: None,
+            endpoint: None,
         });
     }
     let path = Path::new(target);
     if path.is_dir() {
         let (mnt, bucket, rel) = mount_of(&path.canonicalize()?)?;
-        let root = with_slash(conn.prefix.as_deref().unwrap_or(""));
-        return Ok(Place {
-            bucket,
-            prefix: format!("{root}{}", with_slash(&rel)),
-            mount: Some(mnt),
-        });
+        let mut place = mount_place(mnt, bucket, conn);
+        place.prefix = format!("{}{}", place.prefix, with_slash(&rel));
+        return Ok(place);
     }
     if target.contains('/') || target.is_empty() {
         bail!("'{target}' is neither a rapidfs mount nor a bucket name");
@@ -190,6 +240,7 @@ fn resolve_target(target: &str, conn: &ConnArgs) -> anyhow::Result<Place> {
         bucket: target.to_string(),
         prefix: String::new(),
         mount: None,
+        endpoint: None,
     })
 }
 
@@ -203,6 +254,7 @@ fn resolve_file(arg: &str, conn: &ConnArgs) -> anyhow::Result<(Place, String)> {
             bucket,
             prefix: String::new(),
             mount: None,
+            endpoint: None,
         };
         return Ok((place, key));
     }
@@ -210,17 +262,17 @@ fn resolve_file(arg: &str, conn: &ConnArgs) -> anyhow::Result<(Place, String)> {
     if rel.is_empty() {
         bail!("'{arg}' is the mountpoint, not a file");
     }
-    let root = with_slash(conn.prefix.as_deref().unwrap_or(""));
-    let place = Place {
-        bucket,
-        prefix: root.clone(),
-        mount: Some(mnt),
-    };
-    Ok((place, format!("{root}{rel}")))
+    let place = mount_place(mnt, bucket, conn);
+    let key = format!("{}{rel}", place.prefix);
+    Ok((place, key))
 }
 
-fn client_config(conn: &ConnArgs) -> anyhow::Result<Config> {
+/// The client configuration: config file, then the mount's endpoint, then the flags.
+fn client_config(conn: &ConnArgs, mount_endpoint: Option<&str>) -> anyhow::Result<Config> {
     let mut cfg = Config::load_or_default(conn.config.as_deref())?;
+    if let Some(e) = mount_endpoint {
+        cfg.gcs.endpoint = e.to_string();
+    }
     if let Some(e) = &conn.endpoint {
         cfg.gcs.endpoint = e.clone();
     }
@@ -249,7 +301,7 @@ pub fn run_unfinalized(
     log_format: Option<LogFormat>,
 ) -> anyhow::Result<()> {
     let place = resolve_target(&args.target, &args.conn)?;
-    let cfg = client_config(&args.conn)?;
+    let cfg = client_config(&args.conn, place.endpoint.as_deref())?;
     let rt = runtime(log_level, log_format)?;
     let found = rt.block_on(async {
         let client = Client::connect(&cfg.gcs).await?;
@@ -288,13 +340,21 @@ pub fn run_finalize(
         .iter()
         .map(|p| resolve_file(p, &args.conn))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let cfg = client_config(&args.conn)?;
     let rt = runtime(log_level, log_format)?;
     let failed = rt.block_on(async {
-        let client = Client::connect(&cfg.gcs).await?;
+        let mut clients: HashMap<Option<String>, Client> = HashMap::new();
         let mut failed = 0usize;
         for (place, key) in &targets {
             let shown = place.show(key);
+            let client = match clients.get(&place.endpoint) {
+                Some(c) => c.clone(),
+                None => {
+                    let cfg = client_config(&args.conn, place.endpoint.as_deref())?;
+                    let c = Client::connect(&cfg.gcs).await?;
+                    clients.insert(place.endpoint.clone(), c.clone());
+                    c
+                }
+            };
             match finalize_one(&client, &place.bucket, key).await {
                 Ok(Some(size)) => println!("finalized {shown} ({size} bytes)"),
                 Ok(None) => println!("{shown} was already finalized"),
@@ -304,7 +364,7 @@ pub fn run_finalize(
                 }
             }
         }
-        Ok::<_, crate::gcs::Error>(failed)
+        Ok::<_, anyhow::Error>(failed)
     })?;
     if failed > 0 {
         bail!("{failed} of {} objects not finalized", targets.len());
