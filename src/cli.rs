@@ -4,8 +4,10 @@
 mod access;
 mod check;
 mod emulator;
+mod finalize;
 mod mount;
 mod mount_helper;
+mod mounts;
 mod prefetch;
 
 use crate::config::LogFormat;
@@ -37,6 +39,10 @@ pub enum Command {
     Mount(Box<mount::MountArgs>),
     /// Diagnose the connection to a bucket: credentials, reachability, zones, latency.
     Check(check::CheckArgs),
+    /// List objects left unfinalized (appendable), e.g. by a crashed writer.
+    Unfinalized(finalize::UnfinalizedArgs),
+    /// Finalize objects (files in a mount, or gs://BUCKET/OBJECT).
+    Finalize(finalize::FinalizeArgs),
     /// Load files or directories of a mounted bucket into the mount's cache (warm-up).
     Prefetch(prefetch::PrefetchArgs),
 }
@@ -59,6 +65,10 @@ pub fn main() -> ExitCode {
         Command::Emulator(args) => emulator::run(args, cli.log_level, cli.log_format),
         Command::Mount(args) => mount::run(*args, cli.log_level, cli.log_format),
         Command::Check(args) => check::run(args, cli.log_level, cli.log_format),
+        Command::Unfinalized(args) => {
+            finalize::run_unfinalized(args, cli.log_level, cli.log_format)
+        }
+        Command::Finalize(args) => finalize::run_finalize(args, cli.log_level, cli.log_format),
         Command::Prefetch(args) => prefetch::run(args),
     };
     match result {

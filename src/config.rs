@@ -212,6 +212,10 @@ pub struct WriteConfig {
     pub finalize_on_close: bool,
     /// Share of `cache.memory_mb` reserved for unpersisted write buffers, in percent (the read path gets the rest).
     pub memory_percent: u64,
+    /// Directory of the local staging files of rewritten files (seeks, truncation, edits); empty means `$XDG_CACHE_HOME/rapidfs/staging`, else `/var/tmp/rapidfs-UID/staging`; created mode 0700.
+    pub staging_dir: String,
+    /// Total size of all staging files together, in MiB; a write beyond it fails with ENOSPC.
+    pub staging_limit_mb: u64,
 }
 
 impl Default for WriteConfig {
@@ -219,6 +223,8 @@ impl Default for WriteConfig {
         Self {
             finalize_on_close: false,
             memory_percent: 25,
+            staging_dir: String::new(),
+            staging_limit_mb: 10240,
         }
     }
 }

@@ -4,7 +4,7 @@
 //! there, so no request waits behind another's round trip. No filesystem logic lives here:
 //! only type conversions, the init negotiation and the mount options.
 
-use crate::fs::{Attr, Errno as FsErrno, Fs, FsResult, Kind};
+use crate::fs::{Attr, Errno as FsErrno, Fs, FsResult, Kind, SetAttr};
 use fuser::{
     AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
     INodeNo, InitFlags, KernelConfig, LockOwner, MountOption, OpenAccMode, OpenFlags, ReplyAttr,
@@ -208,6 +208,13 @@ impl Mounted {
         // SAFETY: geteuid cannot fail and touches no memory.
         let root = unsafe { libc::geteuid() } == 0;
         let (session, unmounter) = if root {
+            // fuser's own mount(2) leaves the subtype to fusermount3, so the mount would show
+            // as plain `fuse`; the kernel takes it as a mount option and then shows
+            // `fuse.rapidfs`, which is how `umount -t`, `mount -a` and our commands find it.
+            let mut config = config.clone();
+            config
+                .mount_options
+                .push(MountOption::CUSTOM("subtype=rapidfs".to_string()));
             let mut session = fuser::Session::new(adapter, mountpoint, &config)?;
             let unmounter =
                 Unmounter::Session(session.unmount_callable(), mountpoint.to_path_buf());
@@ -564,23 +571,35 @@ impl Filesystem for FuseAdapter {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _mode: Option<u32>,
-        _uid: Option<u32>,
-        _gid: Option<u32>,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
         size: Option<u64>,
         _atime: Option<TimeOrNow>,
-        _mtime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
         _ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
+        fh: Option<FileHandle>,
         _crtime: Option<SystemTime>,
         _chgtime: Option<SystemTime>,
         _bkuptime: Option<SystemTime>,
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        let set = SetAttr {
+            size,
+            mode,
+            uid,
+            gid,
+            mtime: mtime.map(|t| match t {
+                TimeOrNow::SpecificTime(t) => t,
+                TimeOrNow::Now => SystemTime::now(),
+            }),
+            fh: fh.map(|f| f.0),
+        };
         let fs = self.fs.clone();
+        let t0 = Instant::now();
         self.rt.spawn(async move {
-            match fs.setattr(ino.0, size).await {
+            match metered("setattr", t0, fs.setattr(ino.0, set).await, nothing) {
                 Ok(a) => reply.attr(&fs.attr_ttl(), &file_attr(&a)),
                 Err(e) => reply.error(errno(e)),
             }
@@ -590,34 +609,91 @@ impl Filesystem for FuseAdapter {
     fn mknod(
         &self,
         _req: &Request,
-        _parent: INodeNo,
-        _name: &OsStr,
-        _mode: u32,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
         _umask: u32,
         _rdev: u32,
         reply: ReplyEntry,
     ) {
-        reply.error(Errno::EROFS);
+        if mode & libc::S_IFMT != libc::S_IFREG {
+            return reply.error(Errno::EPERM);
+        }
+        let Some(name) = utf8(name) else {
+            return reply.error(Errno::EINVAL);
+        };
+        let fs = self.fs.clone();
+        let t0 = Instant::now();
+        self.rt.spawn(async move {
+            let created = fs.create(parent.0, &name, libc::O_EXCL).await;
+            match metered("mknod", t0, created, nothing) {
+                Ok((e, o)) => {
+                    fs.release_write(o.fh).await;
+                    reply.entry_with_ttls(
+                        &e.attr_ttl,
+                        &e.entry_ttl,
+                        &file_attr(&e.attr),
+                        Generation(0),
+                    )
+                }
+                Err(e) => reply.error(errno(e)),
+            }
+        });
     }
 
     fn mkdir(
         &self,
         _req: &Request,
-        _parent: INodeNo,
-        _name: &OsStr,
+        parent: INodeNo,
+        name: &OsStr,
         _mode: u32,
         _umask: u32,
         reply: ReplyEntry,
     ) {
-        reply.error(Errno::EROFS);
+        let Some(name) = utf8(name) else {
+            return reply.error(Errno::EINVAL);
+        };
+        let fs = self.fs.clone();
+        let t0 = Instant::now();
+        self.rt.spawn(async move {
+            match metered("mkdir", t0, fs.mkdir(parent.0, &name).await, nothing) {
+                Ok(e) => reply.entry_with_ttls(
+                    &e.attr_ttl,
+                    &e.entry_ttl,
+                    &file_attr(&e.attr),
+                    Generation(0),
+                ),
+                Err(e) => reply.error(errno(e)),
+            }
+        });
     }
 
-    fn unlink(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(Errno::EROFS);
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let Some(name) = utf8(name) else {
+            return reply.error(Errno::ENOENT);
+        };
+        let fs = self.fs.clone();
+        let t0 = Instant::now();
+        self.rt.spawn(async move {
+            match metered("unlink", t0, fs.unlink(parent.0, &name).await, nothing) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(e)),
+            }
+        });
     }
 
-    fn rmdir(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(Errno::EROFS);
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let Some(name) = utf8(name) else {
+            return reply.error(Errno::ENOENT);
+        };
+        let fs = self.fs.clone();
+        let t0 = Instant::now();
+        self.rt.spawn(async move {
+            match metered("rmdir", t0, fs.rmdir(parent.0, &name).await, nothing) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(e)),
+            }
+        });
     }
 
     fn symlink(
@@ -634,14 +710,27 @@ impl Filesystem for FuseAdapter {
     fn rename(
         &self,
         _req: &Request,
-        _parent: INodeNo,
-        _name: &OsStr,
-        _newparent: INodeNo,
-        _newname: &OsStr,
-        _flags: fuser::RenameFlags,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: fuser::RenameFlags,
         reply: ReplyEmpty,
     ) {
-        reply.error(Errno::EROFS);
+        let (Some(name), Some(newname)) = (utf8(name), utf8(newname)) else {
+            return reply.error(Errno::EINVAL);
+        };
+        let fs = self.fs.clone();
+        let t0 = Instant::now();
+        self.rt.spawn(async move {
+            let renamed = fs
+                .rename(parent.0, &name, newparent.0, &newname, flags.bits())
+                .await;
+            match metered("rename", t0, renamed, nothing) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(e)),
+            }
+        });
     }
 
     fn link(
@@ -658,14 +747,16 @@ impl Filesystem for FuseAdapter {
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let write = flags.acc_mode() != OpenAccMode::O_RDONLY
             || flags.0 & (libc::O_TRUNC | libc::O_APPEND) != 0;
+        let truncate = flags.0 & libc::O_TRUNC != 0;
         let fs = self.fs.clone();
+        let t0 = Instant::now();
         self.rt.spawn(async move {
             let opened = if write {
-                fs.open_write(ino.0).await
+                fs.open_write(ino.0, truncate).await
             } else {
                 fs.open(ino.0, false).await
             };
-            match opened {
+            match metered("open", t0, opened, nothing) {
                 Ok(o) => {
                     let flags = if o.keep_cache {
                         FopenFlags::FOPEN_KEEP_CACHE
@@ -928,8 +1019,14 @@ impl Filesystem for FuseAdapter {
             return reply.error(Errno::EINVAL);
         };
         let fs = self.fs.clone();
+        let t0 = Instant::now();
         self.rt.spawn(async move {
-            match fs.create(parent.0, &name, flags).await {
+            match metered(
+                "create",
+                t0,
+                fs.create(parent.0, &name, flags).await,
+                nothing,
+            ) {
                 Ok((e, o)) => reply.created(
                     &e.entry_ttl,
                     &file_attr(&e.attr),

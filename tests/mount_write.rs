@@ -1,7 +1,7 @@
 //! Writes through a real FUSE mount: files stream into appendable objects (one generation,
 //! one write stream), fsync and close make bytes durable, readers on the mount see what was
-//! written, takeover across mounts fences the first writer, and everything that is not a
-//! sequential append answers EOPNOTSUPP (EROFS on a read-only mount).
+//! written, takeover across mounts fences the first writer, and a read-only mount answers
+//! EROFS. (Writes that are not appends are staged: tests/mount_staging.rs.)
 
 mod mount_support;
 mod write_support;
@@ -10,7 +10,6 @@ use mount_support::Env;
 use rapidfs::emulator::Faults;
 use std::fs::OpenOptions;
 use std::io::Write;
-use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 use write_support::{bytes, chunk, chunks, client, crc_of, errno_of, meta, MIB};
 
@@ -215,65 +214,6 @@ fn finalize_on_close_leaves_finalized_objects() {
     assert!(got.finalized, "finalized after the last close");
     assert_eq!(got.size, 3 * MIB as u64);
     assert_eq!(got.crc32c, Some(crc_of(6, 3)));
-}
-
-#[test]
-fn anything_but_a_sequential_append_is_eopnotsupp() {
-    let env = Env::new(BUCKET);
-    env.put(BUCKET, "final.bin", b"finalized object");
-    let m = env.mount(BUCKET, &env.config());
-    let c = client(&env.rt, &env.emu().endpoint());
-    std::fs::write(m.p("open.bin"), b"0123456789").expect("write");
-
-    let f = OpenOptions::new()
-        .write(true)
-        .open(m.p("open.bin"))
-        .expect("open for writing");
-    assert_eq!(
-        errno_of(f.write_at(b"x", 3)),
-        libc::EOPNOTSUPP,
-        "pwrite inside"
-    );
-    assert_eq!(
-        errno_of(f.write_at(b"x", 20)),
-        libc::EOPNOTSUPP,
-        "pwrite past the end"
-    );
-    f.write_at(b"ab", 10).expect("a write at the end appends");
-    assert_eq!(
-        errno_of(f.set_len(3)),
-        libc::EOPNOTSUPP,
-        "ftruncate shorter"
-    );
-    f.set_len(12)
-        .expect("truncate to the current size is a no-op");
-    drop(f);
-    assert_eq!(
-        errno_of(
-            OpenOptions::new()
-                .write(true)
-                .truncate(true)
-                .open(m.p("open.bin"))
-        ),
-        libc::EOPNOTSUPP,
-        "O_TRUNC of a non-empty object"
-    );
-    let mut fin = OpenOptions::new()
-        .append(true)
-        .open(m.p("final.bin"))
-        .expect("open");
-    assert_eq!(
-        errno_of(fin.write_all(b"x")),
-        libc::EOPNOTSUPP,
-        "append to a finalized object"
-    );
-    drop(fin);
-    assert_eq!(bytes(&env.rt, &c, BUCKET, "open.bin"), b"0123456789ab");
-    assert_eq!(bytes(&env.rt, &c, BUCKET, "final.bin"), b"finalized object");
-    // O_TRUNC of an empty file is fine (nothing to cut).
-    std::fs::File::create(m.p("empty")).expect("create");
-    std::fs::write(m.p("empty"), b"now").expect("O_TRUNC of an empty object");
-    assert_eq!(bytes(&env.rt, &c, BUCKET, "empty"), b"now");
 }
 
 #[test]

@@ -6,6 +6,7 @@ command -v fusermount3 >/dev/null || need_apt+=(fuse3)
 command -v bindfs >/dev/null || need_apt+=(bindfs)
 command -v systemd-analyze >/dev/null || need_apt+=(systemd)
 command -v openssl >/dev/null || need_apt+=(openssl)
+command -v rsync >/dev/null || need_apt+=(rsync)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing ${need_apt[*]}" >&2
   apt-get update -qq

@@ -21,67 +21,25 @@ pub struct PrefetchArgs {
 
 /// Loads every path, one request per mount; fails on the first path outside a mount.
 pub fn run(args: PrefetchArgs) -> anyhow::Result<()> {
-    let mounts = rapidfs_mounts()?;
     let mut groups: Vec<(PathBuf, Vec<String>)> = Vec::new();
     for p in &args.paths {
         let abs = p
             .canonicalize()
             .map_err(|e| anyhow!("{}: {e}", p.display()))?;
-        let mnt = mounts
-            .iter()
-            .filter(|m| abs.starts_with(m))
-            .max_by_key(|m| m.as_os_str().len())
-            .ok_or_else(|| anyhow!("{} is not inside a rapidfs mount", p.display()))?;
+        let mnt = super::mounts::containing(&abs)?.0.mountpoint;
         let s = abs
             .to_str()
             .ok_or_else(|| anyhow!("{}: not valid UTF-8", p.display()))?
             .to_string();
-        match groups.iter_mut().find(|(m, _)| m == mnt) {
+        match groups.iter_mut().find(|(m, _)| *m == mnt) {
             Some((_, v)) => v.push(s),
-            None => groups.push((mnt.clone(), vec![s])),
+            None => groups.push((mnt, vec![s])),
         }
     }
     for (mnt, paths) in groups {
         prefetch(&mnt, &paths)?;
     }
     Ok(())
-}
-
-/// Mountpoints of rapidfs mounts in /proc/self/mountinfo: type `fuse.rapidfs`, or `fuse`
-/// with source `rapidfs:BUCKET` (the kernel drops the subtype when root mounts directly).
-fn rapidfs_mounts() -> anyhow::Result<Vec<PathBuf>> {
-    let text =
-        std::fs::read_to_string("/proc/self/mountinfo").context("reading /proc/self/mountinfo")?;
-    Ok(text
-        .lines()
-        .filter_map(|l| {
-            let (left, right) = l.split_once(" - ")?;
-            let mut right = right.split(' ');
-            let (fstype, source) = (right.next()?, right.next()?);
-            let mnt = left.split(' ').nth(4)?;
-            let ours =
-                fstype == "fuse.rapidfs" || (fstype == "fuse" && source.starts_with("rapidfs:"));
-            ours.then(|| PathBuf::from(unescape(mnt)))
-        })
-        .collect())
-}
-
-/// Undoes mountinfo's octal escapes (`\040` for a space).
-fn unescape(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(u8::is_ascii_digit) {
-            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
-            out.push(v);
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The control socket of the mount on `mnt`: `$RAPIDFS_CONTROL_SOCKET`, else the first
@@ -174,13 +132,6 @@ fn human(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn mountinfo_escapes_are_undone() {
-        assert_eq!(unescape("/mnt/my\\040data"), "/mnt/my data");
-        assert_eq!(unescape("/plain"), "/plain");
-        assert_eq!(unescape("/end\\04"), "/end\\04");
-    }
 
     #[test]
     fn the_bar_fills_with_progress() {

@@ -25,6 +25,9 @@ pub struct Faults {
     pub redirect_every: Option<u64>,
     /// Chunks of random size (1 B..=2 MiB), interleaved read_ids, trailing empty chunks after range_end.
     pub chaos: bool,
+    /// Refuse (FAILED_PRECONDITION) a `WriteObjectSpec` that would replace an unfinalized
+    /// appendable object, as some servers do; clients must delete it first.
+    pub refuse_replace_unfinalized: bool,
 }
 
 /// The live fault settings plus the counters that pick the k-th call.

@@ -79,6 +79,16 @@ impl Service {
                 if let Some(token) = self.calls.faults.redirect(presented.as_deref()) {
                     return Err(self.redirect(token, None));
                 }
+                if self.calls.faults.get().refuse_replace_unfinalized {
+                    let live = self.store.get(&bucket, &resource.name, 0).ok();
+                    if live.is_some_and(|e| e.content.state().finalized.is_none()) {
+                        add(&self.calls.stats.faults_injected, 1);
+                        return Err(Status::failed_precondition(format!(
+                            "injected fault: {:?} is an unfinalized appendable object and cannot be replaced; delete it first",
+                            resource.name
+                        )));
+                    }
+                }
                 let target = if spec.appendable == Some(true) {
                     let (entry, writer) =
                         self.store.create_appendable(&bucket, &resource.name, pre)?;

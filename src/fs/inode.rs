@@ -55,13 +55,11 @@ impl From<&crate::gcs::ObjectMeta> for ObjMeta {
     }
 }
 
-/// One inode: fixed key and kind, changing state.
+/// One inode: fixed kind, a key that follows renames, changing state.
 #[derive(Debug)]
 pub struct Inode {
     /// Inode number given to the kernel.
     pub ino: u64,
-    /// Object key (file) or prefix ending in `/` (directory; empty for the bucket root).
-    pub key: String,
     /// File or directory.
     pub kind: Kind,
     state: Mutex<InodeState>,
@@ -69,6 +67,9 @@ pub struct Inode {
 
 #[derive(Debug)]
 struct InodeState {
+    /// Object key (file) or prefix ending in `/` (directory; empty for the bucket root).
+    /// Changes on rename: the kernel keeps using this inode under its new name.
+    key: String,
     lookups: u64,
     meta: Option<ObjMeta>,
     checked: Option<Instant>,
@@ -79,6 +80,11 @@ impl Inode {
     fn state(&self) -> MutexGuard<'_, InodeState> {
         // A poisoned lock only means another request panicked mid-update of plain data.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The object key (file) or prefix ending in `/` (directory) this inode stands for now.
+    pub fn key(&self) -> String {
+        self.state().key.clone()
     }
 
     /// The last fetched metadata and when it was fetched.
@@ -100,6 +106,16 @@ impl Inode {
                 meta
             }
         }
+    }
+
+    /// Installs the metadata of a new generation written through this mount (a staged file
+    /// uploaded over the old one): the kernel's page cache of this inode already holds the new
+    /// bytes, since they were written through it.
+    pub fn replace(&self, meta: ObjMeta) {
+        let mut s = self.state();
+        s.checked = Some(Instant::now());
+        s.meta = Some(meta);
+        s.page_cache_identity = Some(meta.identity());
     }
 
     /// True when the kernel's page cache was filled with this identity by an earlier open
@@ -136,9 +152,9 @@ impl InodeTable {
     pub fn new(root_key: String) -> Self {
         let root = Arc::new(Inode {
             ino: ROOT_INO,
-            key: root_key.clone(),
             kind: Kind::Dir,
             state: Mutex::new(InodeState {
+                key: root_key.clone(),
                 lookups: 1,
                 meta: None,
                 checked: None,
@@ -201,9 +217,9 @@ impl InodeTable {
                 t.next_ino += 1;
                 let inode = Arc::new(Inode {
                     ino,
-                    key: key.to_string(),
                     kind,
                     state: Mutex::new(InodeState {
+                        key: key.to_string(),
                         lookups: 0,
                         meta: None,
                         checked: None,
@@ -238,11 +254,58 @@ impl InodeTable {
         };
         if gone {
             t.by_ino.remove(&ino);
-            let map_key = (inode.key.clone(), inode.kind == Kind::Dir);
+            let map_key = (inode.key(), inode.kind == Kind::Dir);
             if t.by_key.get(&map_key) == Some(&ino) {
                 t.by_key.remove(&map_key);
             }
         }
+    }
+
+    /// The inode of `key` if the kernel holds one, without counting a lookup.
+    pub fn find(&self, key: &str, kind: Kind) -> Option<Arc<Inode>> {
+        let t = self.tables();
+        let ino = t.by_key.get(&(key.to_string(), kind == Kind::Dir))?;
+        t.by_ino.get(ino).cloned()
+    }
+
+    /// After a rename of `from` to `to` (both files, or both directory prefixes ending in
+    /// `/`): the inodes the kernel holds follow their objects, a directory's descendants
+    /// with it. An inode held under `to` before (the replaced target) keeps its key but
+    /// loses the name.
+    pub fn rename(&self, from: &str, to: &str, kind: Kind) {
+        let mut t = self.tables();
+        let is_dir = kind == Kind::Dir;
+        let moved: Vec<(String, bool, u64)> = t
+            .by_key
+            .iter()
+            .filter(|((k, d), _)| {
+                if is_dir {
+                    k.starts_with(from)
+                } else {
+                    k == from && !*d
+                }
+            })
+            .map(|((k, d), ino)| (k.clone(), *d, *ino))
+            .collect();
+        if !is_dir {
+            t.by_key.remove(&(to.to_string(), false));
+        }
+        for (old, d, ino) in moved {
+            let new = format!("{to}{}", &old[from.len()..]);
+            t.by_key.remove(&(old, d));
+            t.by_key.insert((new.clone(), d), ino);
+            if let Some(inode) = t.by_ino.get(&ino) {
+                inode.state().key = new;
+            }
+        }
+    }
+
+    /// After `key` was deleted: the name no longer leads to the inode (a new object of the
+    /// same name gets a new inode); the kernel may still hold the inode through open files.
+    pub fn unlink(&self, key: &str, kind: Kind) {
+        self.tables()
+            .by_key
+            .remove(&(key.to_string(), kind == Kind::Dir));
     }
 }
 

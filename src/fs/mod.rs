@@ -11,16 +11,19 @@ mod dir;
 mod error;
 mod inode;
 mod names;
+mod namespace;
 mod pool;
 mod prefetch;
 mod read;
 mod seq;
+mod staging;
 mod write;
 mod write_ops;
 
 pub use error::{Errno, FsResult};
 pub use inode::{Kind, ROOT_INO};
 pub use prefetch::{PrefetchStats, Progress};
+pub use write_ops::SetAttr;
 
 use crate::config::Config;
 use crate::gcs::{self, Client};
@@ -240,10 +243,13 @@ impl Fs {
             (Kind::File, Some(m)) => Attr {
                 ino: inode.ino,
                 kind: Kind::File,
-                size: i
-                    .writes
-                    .size_of(inode.ino)
-                    .map_or(m.size, |w| w.max(m.size)),
+                size: i.writes.size_of(inode.ino).map_or(m.size, |(w, exact)| {
+                    if exact {
+                        w
+                    } else {
+                        w.max(m.size)
+                    }
+                }),
                 perm: i.file_mode,
                 nlink: 1,
                 uid: i.uid,
@@ -299,10 +305,10 @@ impl Fs {
             let inode = match found.kind {
                 Kind::Dir => i
                     .inodes
-                    .lookup(&names::dir_key(&dir.key, name), Kind::Dir, None),
+                    .lookup(&names::dir_key(&dir.key(), name), Kind::Dir, None),
                 Kind::File => {
                     i.inodes
-                        .lookup(&names::file_key(&dir.key, name), Kind::File, found.meta)
+                        .lookup(&names::file_key(&dir.key(), name), Kind::File, found.meta)
                 }
             };
             return Ok(self.entry(&inode));
@@ -314,15 +320,16 @@ impl Fs {
         {
             return Err(Errno::ENOENT);
         }
-        let fkey = names::file_key(&dir.key, name);
-        let dkey = names::dir_key(&dir.key, name);
-        let sub_req = list_request(&dkey, 1);
+        let fkey = names::file_key(&dir.key(), name);
+        let dkey = names::dir_key(&dir.key(), name);
+        // Finds empty folders too (see `namespace::dir_probe`).
+        let sub_req = namespace::dir_probe(&dkey);
         let (obj, sub) = tokio::join!(
             i.client.get_object(&i.bucket, &fkey),
             i.client.list_page(&i.bucket, &sub_req)
         );
         match (obj, sub) {
-            (obj, Ok(page)) if !page.objects.is_empty() || !page.prefixes.is_empty() => {
+            (obj, Ok(page)) if page.prefixes.contains(&dkey) => {
                 if obj.is_ok() {
                     i.warnings.warn(&fkey);
                 }
@@ -362,9 +369,9 @@ impl Fs {
         let i = &self.inner;
         let meta = i
             .client
-            .get_object(&i.bucket, &inode.key)
+            .get_object(&i.bucket, &inode.key())
             .await
-            .map_err(|e| error::log_err("stat", &inode.key, &e))?;
+            .map_err(|e| error::log_err("stat", &inode.key(), &e))?;
         Ok(inode.refresh(ObjMeta::from(&meta)))
     }
 
@@ -392,8 +399,9 @@ impl Fs {
         self.inner.writes.settle(ino).await?;
         let meta = self.fresh_meta(&inode).await?;
         let keep_cache = inode.note_open(meta.identity());
-        let handle = self.inner.reads.open(&inode.key, &meta);
-        self.prefetch_on_open(&inode.key);
+        let key = inode.key();
+        let handle = self.inner.reads.open(&key, &meta);
+        self.prefetch_on_open(&key);
         let fh = self.inner.next_fh.fetch_add(1, Ordering::Relaxed);
         lock(&self.inner.files).insert(fh, Arc::new(handle));
         Ok(Opened { fh, keep_cache })
@@ -401,6 +409,9 @@ impl Fs {
 
     /// Reads up to `size` bytes at `offset` of open file `fh`, from the version it opened.
     pub async fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Bytes> {
+        if let Some(staged) = self.inner.writes.read_staged(fh, offset, size).await {
+            return staged;
+        }
         let handle = lock(&self.inner.files)
             .get(&fh)
             .cloned()
@@ -444,10 +455,10 @@ impl Fs {
             return Ok(l);
         }
         let dir = self.dir_inode(ino)?;
-        let listing = list_dir(&i.client, &i.bucket, &dir.key, &i.warnings)
+        let listing = list_dir(&i.client, &i.bucket, &dir.key(), &i.warnings)
             .await
             .map(Arc::new)
-            .map_err(|e| error::log_err("list", &dir.key, &e))?;
+            .map_err(|e| error::log_err("list", &dir.key(), &e))?;
         if let Some(c) = &i.listings {
             c.insert(ino, listing.clone());
         }
@@ -489,8 +500,8 @@ impl Fs {
         let skip = offset.saturating_sub(2) as usize;
         for (n, e) in listing.entries.iter().enumerate().skip(skip) {
             let key = match e.kind {
-                Kind::Dir => names::dir_key(&dir.key, &e.name),
-                Kind::File => names::file_key(&dir.key, &e.name),
+                Kind::Dir => names::dir_key(&dir.key(), &e.name),
+                Kind::File => names::file_key(&dir.key(), &e.name),
             };
             out.push(DirItem {
                 ino: self.inner.inodes.peek_ino(&key, e.kind),
@@ -532,10 +543,10 @@ impl Fs {
                 Kind::Dir => {
                     self.inner
                         .inodes
-                        .lookup(&names::dir_key(&dir.key, &e.name), Kind::Dir, None)
+                        .lookup(&names::dir_key(&dir.key(), &e.name), Kind::Dir, None)
                 }
                 Kind::File => self.inner.inodes.lookup(
-                    &names::file_key(&dir.key, &e.name),
+                    &names::file_key(&dir.key(), &e.name),
                     Kind::File,
                     e.meta,
                 ),

@@ -1,21 +1,29 @@
 //! The write path: one writer per inode being written, shared by every handle that opened it
-//! for writing, streaming sequential appends into one `BidiWriteObject` stream.
+//! for writing, streaming sequential appends into one `BidiWriteObject` stream, or, when the
+//! file is not written as appends, editing a local staged copy uploaded as a new generation.
 //!
 //! A writer starts `Open` (a file just created: its stream exists) or `Idle` (an existing
-//! object opened for writing: nothing happens until the first write, which must land exactly
-//! at the object's end and then takes the object over). Unpersisted bytes count against the
+//! object opened for writing: nothing happens until the first write; one at the end of an
+//! unfinalized object takes the object over and streams). A write anywhere else, a size
+//! change, or an append to a finalized object turns the writer `Staged` (see `staging.rs`):
+//! a stream in progress is flushed and closed first, so the object holds every byte written
+//! so far, and the staged copy is filled from it. A staged file is uploaded on fsync and
+//! close; the upload replaces exactly the generation it started from, so a failed upload
+//! leaves the old object as it was. Unpersisted bytes count against the
 //! write share of the one memory budget (a semaphore in KiB): a write that does not fit first
 //! makes its own bytes durable, then waits, and every so often makes idle writers' bytes
 //! durable so they cannot hold the budget forever. A failed writer stays failed: every later
 //! write, flush or fsync on it answers the same errno. The last handle's release ends the
 //! stream (close, or finalize with `write.finalize_on_close`).
 //!
-//! Touches `gcs::AppendWriter` and the inode's size; no kernel types.
+//! Touches `gcs::AppendWriter`, the staging area, uploads, and the inode's size and
+//! generation; no kernel types.
 
 use super::error::{log_err, Errno, FsResult};
-use super::inode::Inode;
+use super::inode::{Inode, ObjMeta};
+use super::staging::{StagedFile, Staging};
 use crate::config::{CacheConfig, WriteConfig};
-use crate::gcs::{self, AppendWriter, Client};
+use crate::gcs::{self, AppendWriter, Client, ObjectMeta};
 use bytes::Bytes;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,8 +31,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 use tokio::sync::Semaphore;
 
-/// What every non-sequential write answers in this version.
-pub const EOPNOTSUPP: Errno = Errno(libc::EOPNOTSUPP);
 /// The write budget is counted in units of this many bytes (semaphore permits).
 const PERMIT_BYTES: u64 = 1024;
 /// A write waiting this long for budget makes idle writers' bytes durable.
@@ -65,10 +71,21 @@ enum State {
     Idle { generation: i64 },
     /// Streaming into the object.
     Open { w: Box<AppendWriter>, held: Held },
+    /// Editing a staged copy.
+    Staged(Box<Staged>),
     /// Failed for good; every later call answers this.
     Failed(Errno),
     /// The stream was ended by the last release.
     Done,
+}
+
+/// A staged copy and the version of the object it will replace.
+struct Staged {
+    file: StagedFile,
+    /// The generation the upload must replace (0: no object exists).
+    base: i64,
+    /// Changed since the last upload.
+    dirty: bool,
 }
 
 /// The writer of one inode.
@@ -76,6 +93,8 @@ pub struct FileWriter {
     inode: Arc<Inode>,
     /// Bytes the file holds as written through this writer (what `stat` shows).
     size: AtomicU64,
+    /// The size above is exact (a staged file may have shrunk), not just a lower bound.
+    exact: std::sync::atomic::AtomicBool,
     state: tokio::sync::Mutex<State>,
 }
 
@@ -86,6 +105,7 @@ pub struct Writes {
     finalize_on_close: bool,
     budget: Arc<Semaphore>,
     budget_permits: u32,
+    staging: Staging,
     /// Writer of each inode and the number of handles writing it.
     by_ino: Mutex<HashMap<u64, (Arc<FileWriter>, usize)>>,
     by_fh: Mutex<HashMap<u64, Arc<FileWriter>>>,
@@ -126,6 +146,7 @@ impl Writes {
             finalize_on_close: cfg.finalize_on_close,
             budget: Arc::new(Semaphore::new(permits as usize)),
             budget_permits: permits,
+            staging: Staging::new(cfg),
             by_ino: Mutex::new(HashMap::new()),
             by_fh: Mutex::new(HashMap::new()),
         }
@@ -141,6 +162,7 @@ impl Writes {
                 let fw = Arc::new(FileWriter {
                     inode: inode.clone(),
                     size: AtomicU64::new(size),
+                    exact: std::sync::atomic::AtomicBool::new(false),
                     state: tokio::sync::Mutex::new(state),
                 });
                 (fw, 0)
@@ -178,57 +200,131 @@ impl Writes {
         }
     }
 
-    /// The size of `ino` as written through this mount, while a writer is active on it.
-    pub fn size_of(&self, ino: u64) -> Option<u64> {
-        lock(&self.by_ino)
-            .get(&ino)
-            .map(|(fw, _)| fw.size.load(Ordering::Acquire))
+    /// The size of `ino` as written through this mount, while a writer is active on it, and
+    /// whether it is exact (staged) rather than a lower bound (streaming).
+    pub fn size_of(&self, ino: u64) -> Option<(u64, bool)> {
+        lock(&self.by_ino).get(&ino).map(|(fw, _)| {
+            (
+                fw.size.load(Ordering::Acquire),
+                fw.exact.load(Ordering::Acquire),
+            )
+        })
+    }
+
+    /// Whether `ino` has a writer on this mount.
+    pub fn is_writing(&self, ino: u64) -> bool {
+        lock(&self.by_ino).contains_key(&ino)
     }
 
     fn writer(&self, fh: u64) -> Option<Arc<FileWriter>> {
         lock(&self.by_fh).get(&fh).cloned()
     }
 
-    /// Appends `data` at `offset` through handle `fh`: only at the end of the file.
+    /// Writes `data` at `offset` through handle `fh`: an append at the end streams, anything
+    /// else goes to a staged copy.
     pub async fn write(&self, fh: u64, offset: u64, data: Bytes) -> FsResult<u32> {
         let fw = self.writer(fh).ok_or(Errno::EBADF)?;
         let len = u32::try_from(data.len()).map_err(|_| Errno::EINVAL)?;
-        let key = fw.inode.key.as_str();
+        let key = fw.inode.key();
         let mut st = fw.state.lock().await;
         if let State::Idle { generation } = *st {
-            *st = self.take_over(&fw, generation, offset).await?;
+            *st = match self.take_over(&fw, generation, offset).await {
+                Ok(next) => next,
+                Err(e) => State::Failed(e),
+            };
         }
-        let (w, held) = match &mut *st {
-            State::Open { w, held } => (w, held),
-            State::Failed(e) => return Err(*e),
-            State::Idle { .. } | State::Done => return Err(Errno::EBADF),
-        };
-        if offset != w.written() {
-            tracing::warn!(
-                path = key,
-                offset,
-                size = w.written(),
-                "write not at the end of the file: only sequential appends are supported"
-            );
-            return Err(EOPNOTSUPP);
+        if let State::Open { w, .. } = &*st {
+            if offset != w.written() {
+                let next = self.stage_stream(&fw, &mut st, None).await;
+                *st = next;
+            }
         }
-        let appended = async {
-            self.reserve(w, held, data.len() as u64).await?;
-            w.append(data).await
-        };
-        if let Err(e) = appended.await {
-            let errno = log_err("write", key, &e);
-            *st = State::Failed(errno);
-            return Err(errno);
+        match &mut *st {
+            State::Open { w, held } => {
+                let appended = async {
+                    self.reserve(w, held, data.len() as u64).await?;
+                    w.append(data).await
+                };
+                if let Err(e) = appended.await {
+                    let errno = log_err("write", &key, &e);
+                    *st = State::Failed(errno);
+                    return Err(errno);
+                }
+                held.settle(w.written().saturating_sub(w.persisted()));
+                fw.size.store(w.written(), Ordering::Release);
+                Ok(len)
+            }
+            State::Staged(s) => {
+                if let Err(e) = s.file.write_at(offset, data, &key).await {
+                    // The staged copy no longer holds what the caller wrote: it must never
+                    // be uploaded. The object stays as it was.
+                    *st = State::Failed(e);
+                    return Err(e);
+                }
+                s.dirty = true;
+                fw.size.store(s.file.size(), Ordering::Release);
+                Ok(len)
+            }
+            State::Failed(e) => Err(*e),
+            State::Idle { .. } | State::Done => Err(Errno::EBADF),
         }
-        held.settle(w.written().saturating_sub(w.persisted()));
-        fw.size.store(w.written(), Ordering::Release);
-        Ok(len)
     }
 
-    /// Takes over the existing object for the first write, which must land at its end.
-    async fn take_over(&self, fw: &FileWriter, generation: i64, offset: u64) -> FsResult<State> {
-        let key = fw.inode.key.as_str();
+    /// Sets the size of the file written through handle `fh` to `size` (truncate or extend),
+    /// staging it unless the size stays the same.
+    pub async fn set_size(&self, fh: u64, size: u64) -> FsResult<()> {
+        let fw = self.writer(fh).ok_or(Errno::EBADF)?;
+        let key = fw.inode.key();
+        let mut st = fw.state.lock().await;
+        let next = match &mut *st {
+            State::Idle { generation } => {
+                let generation = *generation;
+                let meta = self.current(&key, generation).await?;
+                if meta.size == size {
+                    return Ok(());
+                }
+                self.stage_object(&key, meta.generation, meta.size.min(size))
+                    .await
+            }
+            State::Open { w, .. } => {
+                if w.written() == size {
+                    return Ok(());
+                }
+                self.stage_stream(&fw, &mut st, Some(size)).await
+            }
+            State::Staged(_) => return self.resize_staged(&fw, &mut st, size, &key).await,
+            State::Failed(e) => return Err(*e),
+            State::Done => return Err(Errno::EBADF),
+        };
+        *st = next;
+        self.resize_staged(&fw, &mut st, size, &key).await
+    }
+
+    async fn resize_staged(
+        &self,
+        fw: &FileWriter,
+        st: &mut State,
+        size: u64,
+        key: &str,
+    ) -> FsResult<()> {
+        match st {
+            State::Staged(s) => {
+                if let Err(e) = s.file.set_len(size, key).await {
+                    *st = State::Failed(e);
+                    return Err(e);
+                }
+                s.dirty = true;
+                fw.size.store(size, Ordering::Release);
+                fw.exact.store(true, Ordering::Release);
+                Ok(())
+            }
+            State::Failed(e) => Err(*e),
+            _ => Err(Errno::EIO),
+        }
+    }
+
+    /// The live object, which must still be generation `generation`.
+    async fn current(&self, key: &str, generation: i64) -> FsResult<ObjectMeta> {
         let meta = self
             .client
             .get_object(&self.bucket, key)
@@ -238,21 +334,60 @@ impl Writes {
             tracing::warn!(path = key, "object replaced since it was opened");
             return Err(Errno::ESTALE);
         }
-        if meta.finalized {
-            tracing::warn!(
-                path = key,
-                "object is finalized: appending to finalized objects is not supported"
-            );
-            return Err(EOPNOTSUPP);
+        Ok(meta)
+    }
+
+    /// A staged copy of the first `len` bytes of generation `generation` of `key`.
+    async fn stage_object(&self, key: &str, generation: i64, len: u64) -> State {
+        let mut file = match self.staging.create() {
+            Ok(f) => f,
+            Err(e) => return State::Failed(e),
+        };
+        match file
+            .fill(&self.client, &self.bucket, key, generation, len)
+            .await
+        {
+            Ok(()) => State::Staged(Box::new(Staged {
+                file,
+                base: generation,
+                dirty: false,
+            })),
+            Err(e) => State::Failed(e),
         }
-        if offset != meta.size {
-            tracing::warn!(
-                path = key,
-                offset,
-                size = meta.size,
-                "write not at the end of the file: only sequential appends are supported"
-            );
-            return Err(EOPNOTSUPP);
+    }
+
+    /// Leaves streaming for staging: every byte streamed so far is made durable and the stream
+    /// is closed (the object now holds them all), then the staged copy is filled from the
+    /// object (up to `keep` bytes when the file is about to be cut).
+    async fn stage_stream(&self, fw: &FileWriter, st: &mut State, keep: Option<u64>) -> State {
+        let key = fw.inode.key();
+        let State::Open { w, held } = std::mem::replace(st, State::Done) else {
+            return State::Failed(Errno::EIO);
+        };
+        let generation = w.generation();
+        let closed = w.close().await;
+        drop(held);
+        let size = match closed {
+            Ok(meta) => {
+                note_size(&fw.inode, meta.size);
+                meta.size
+            }
+            Err(e) => return State::Failed(log_err("stage", &key, &e)),
+        };
+        tracing::debug!(path = %key, size, "streaming write turns staged");
+        fw.exact.store(true, Ordering::Release);
+        self.stage_object(&key, generation, keep.map_or(size, |k| k.min(size)))
+            .await
+    }
+
+    /// The first write to an existing object: at the end of an unfinalized object it takes
+    /// the object over and streams; anywhere else (or on a finalized object) it stages.
+    async fn take_over(&self, fw: &FileWriter, generation: i64, offset: u64) -> FsResult<State> {
+        let key = &*fw.inode.key();
+        let meta = self.current(key, generation).await?;
+        if meta.finalized || offset != meta.size {
+            fw.exact.store(true, Ordering::Release);
+            return Ok(self.stage_object(key, meta.generation, meta.size).await);
         }
         let w = self
             .client
@@ -311,7 +446,7 @@ impl Writes {
                 }
                 match w.flush().await {
                     Ok(_) => held.settle(w.written().saturating_sub(w.persisted())),
-                    Err(e) => *st = State::Failed(log_err("flush", &fw.inode.key, &e)),
+                    Err(e) => *st = State::Failed(log_err("flush", &fw.inode.key(), &e)),
                 }
             }
         }
@@ -321,14 +456,22 @@ impl Writes {
     /// close); handles that do not write have nothing to do.
     pub async fn flush(&self, fh: u64) -> FsResult<()> {
         match self.writer(fh) {
-            Some(fw) => Self::flush_writer(&fw).await,
+            Some(fw) => self.flush_writer(&fw).await,
             None => Ok(()),
         }
     }
 
-    async fn flush_writer(fw: &FileWriter) -> FsResult<()> {
+    async fn flush_writer(&self, fw: &FileWriter) -> FsResult<()> {
         let mut st = fw.state.lock().await;
         match &mut *st {
+            State::Staged(s) if s.dirty => {
+                if let Err(e) = self.upload(fw, s).await {
+                    *st = State::Failed(e);
+                    return Err(e);
+                }
+                Ok(())
+            }
+            State::Staged(_) => Ok(()),
             State::Open { w, held } => match w.flush().await {
                 Ok(persisted) => {
                     held.settle(0);
@@ -336,7 +479,7 @@ impl Writes {
                     Ok(())
                 }
                 Err(e) => {
-                    let errno = log_err("fsync", &fw.inode.key, &e);
+                    let errno = log_err("fsync", &fw.inode.key(), &e);
                     *st = State::Failed(errno);
                     Err(errno)
                 }
@@ -350,7 +493,7 @@ impl Writes {
     pub async fn settle(&self, ino: u64) -> FsResult<()> {
         let fw = lock(&self.by_ino).get(&ino).map(|(fw, _)| fw.clone());
         match fw {
-            Some(fw) => Self::flush_writer(&fw).await,
+            Some(fw) => self.flush_writer(&fw).await,
             None => Ok(()),
         }
     }
@@ -379,10 +522,18 @@ impl Writes {
             return true;
         }
         let state = std::mem::replace(&mut *fw.state.lock().await, State::Done);
-        let State::Open { w, held } = state else {
-            return true;
+        let (w, held) = match state {
+            State::Open { w, held } => (w, held),
+            State::Staged(mut s) => {
+                // Normally uploaded by the flush of close(2) already; this covers the rest.
+                if s.dirty {
+                    let _ = self.upload(&fw, &mut s).await;
+                }
+                return true;
+            }
+            _ => return true,
         };
-        let key = fw.inode.key.as_str();
+        let key = &*fw.inode.key();
         let w = *w;
         let ended = if self.finalize_on_close {
             w.finalize().await
@@ -400,6 +551,91 @@ impl Writes {
     }
 }
 
+impl Writes {
+    /// Uploads a staged copy as the new generation of its object, replacing exactly the
+    /// generation it was staged from (ESTALE when someone else replaced it meanwhile).
+    async fn upload(&self, fw: &FileWriter, s: &mut Staged) -> FsResult<()> {
+        let key = fw.inode.key();
+        let (file, len) = (s.file.file(), s.file.size());
+        let uploaded = self
+            .client
+            .upload_file(&self.bucket, &key, file, len, Some(s.base))
+            .await;
+        let meta = match uploaded {
+            Ok(m) => m,
+            Err(gcs::Error::PreconditionFailed(why)) => self.replace_refused(&key, s, &why).await?,
+            Err(e) => return Err(log_err("upload", &key, &e)),
+        };
+        s.base = meta.generation;
+        s.dirty = false;
+        fw.inode.replace(ObjMeta::from(&meta));
+        fw.size.store(meta.size, Ordering::Release);
+        Ok(())
+    }
+
+    /// The upload's generation precondition failed. Either the object changed since it was
+    /// staged (ESTALE), or the service refuses to replace an unfinalized appendable object.
+    /// In the second case the new version goes to a temporary object in the same folder first
+    /// (so a failure from here on never leaves the name without a complete object), then the
+    /// old generation is deleted (by generation: only the one we staged from) and the
+    /// temporary object moved into place (only if the name is still free).
+    async fn replace_refused(&self, key: &str, s: &Staged, why: &str) -> FsResult<ObjectMeta> {
+        let live = match self.client.get_object(&self.bucket, key).await {
+            Ok(m) => m,
+            Err(e) => return Err(log_err("upload", key, &e)),
+        };
+        if live.generation != s.base || live.finalized {
+            tracing::warn!(
+                path = key,
+                reason = why,
+                "object replaced since it was staged: not overwritten"
+            );
+            return Err(Errno::ESTALE);
+        }
+        let folder = key.rfind('/').map_or("", |i| &key[..=i]);
+        let tmp = format!("{folder}.rapidfs-replace-{:016x}", rand::random::<u64>());
+        tracing::debug!(
+            path = key,
+            tmp,
+            "service refuses to replace an unfinalized object: upload aside, delete, move"
+        );
+        let (file, len) = (s.file.file(), s.file.size());
+        self.client
+            .upload_file(&self.bucket, &tmp, file, len, Some(0))
+            .await
+            .map_err(|e| log_err("upload", &tmp, &e))?;
+        if let Err(e) = self
+            .client
+            .delete_object(&self.bucket, key, Some(s.base))
+            .await
+        {
+            let _ = self.client.delete_object(&self.bucket, &tmp, None).await;
+            return Err(match e {
+                gcs::Error::NotFound(_) | gcs::Error::PreconditionFailed(_) => Errno::ESTALE,
+                e => log_err("upload", key, &e),
+            });
+        }
+        self.client
+            .move_object(&self.bucket, &tmp, key, None, Some(0))
+            .await
+            .map_err(|e| {
+                tracing::error!(path = key, saved_as = tmp, error = %e, "the new version could not be moved into place; it is kept under the temporary name");
+                Errno::EIO
+            })
+    }
+
+    /// The bytes at `offset` of the staged copy written through handle `fh`, when its file is
+    /// staged (`None`: read the object).
+    pub async fn read_staged(&self, fh: u64, offset: u64, size: u32) -> Option<FsResult<Bytes>> {
+        let fw = self.writer(fh)?;
+        let st = fw.state.lock().await;
+        match &*st {
+            State::Staged(s) => Some(s.file.read_at(offset, u64::from(size)).await),
+            _ => None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -409,8 +645,8 @@ mod tests {
         let (w, r) = split_budget(
             &CacheConfig { memory_mb: 128 },
             &WriteConfig {
-                finalize_on_close: false,
                 memory_percent: 25,
+                ..WriteConfig::default()
             },
         );
         assert_eq!(w, 32 * 1024 * 1024);

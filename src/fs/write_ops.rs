@@ -4,15 +4,31 @@
 
 use super::error::{log_err, Errno, FsResult};
 use super::inode::{Kind, ObjMeta};
-use super::write::EOPNOTSUPP;
 use super::{lock, names, Attr, Entry, Fs, Opened};
 use bytes::Bytes;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::SystemTime;
 
+/// What `setattr` asks to change, in filesystem terms.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SetAttr {
+    /// New size (truncate or extend).
+    pub size: Option<u64>,
+    /// New permission bits.
+    pub mode: Option<u32>,
+    /// New owner.
+    pub uid: Option<u32>,
+    /// New group.
+    pub gid: Option<u32>,
+    /// New modification time.
+    pub mtime: Option<SystemTime>,
+    /// The handle the change comes through, if any.
+    pub fh: Option<u64>,
+}
+
 impl Fs {
-    fn writable(&self) -> FsResult<()> {
+    pub(super) fn writable(&self) -> FsResult<()> {
         if self.inner.read_only {
             return Err(Errno::EROFS);
         }
@@ -31,7 +47,7 @@ impl Fs {
             return Err(Errno::EINVAL);
         }
         let i = &self.inner;
-        let key = names::file_key(&dir.key, name);
+        let key = names::file_key(&dir.key(), name);
         let exclusive = flags & libc::O_EXCL != 0;
         let w = i
             .client
@@ -68,25 +84,31 @@ impl Fs {
         ))
     }
 
-    /// Opens an existing file for writing (and reading): writes may only append at its end;
-    /// the object is taken over at the first write.
-    pub async fn open_write(&self, ino: u64) -> FsResult<Opened> {
+    /// Opens an existing file for writing (and reading): appends at its end stream into the
+    /// object (taken over at the first write), anything else stages it; `truncate` (O_TRUNC)
+    /// starts from an empty staged copy, the object staying as it was until fsync or close.
+    pub async fn open_write(&self, ino: u64, truncate: bool) -> FsResult<Opened> {
         self.writable()?;
         let opened = self.open(ino, false).await?;
         let inode = self.inode(ino)?;
         let Some(meta) = inode.meta().0 else {
             return Err(Errno::EIO);
         };
-        self.inner
-            .writes
-            .attach_existing(opened.fh, &inode, meta.generation, meta.size);
+        let writes = &self.inner.writes;
+        writes.attach_existing(opened.fh, &inode, meta.generation, meta.size);
+        if truncate {
+            if let Err(e) = writes.set_size(opened.fh, 0).await {
+                self.release_write(opened.fh).await;
+                return Err(e);
+            }
+        }
         Ok(Opened {
             fh: opened.fh,
             keep_cache: false,
         })
     }
 
-    /// Writes `data` at `offset` of handle `fh`: a sequential append, else EOPNOTSUPP.
+    /// Writes `data` at `offset` of handle `fh`: appends stream, anything else is staged.
     pub async fn write(&self, fh: u64, offset: u64, data: Bytes) -> FsResult<u32> {
         self.writable()?;
         self.inner.writes.write(fh, offset, data).await
@@ -107,24 +129,68 @@ impl Fs {
         }
     }
 
-    /// `setattr`: a size change other than to the current size is not supported; mode,
-    /// owner and times are fixed by the mount and silently kept.
-    pub async fn setattr(&self, ino: u64, size: Option<u64>) -> FsResult<Attr> {
-        let attr = self.getattr(ino).await?;
-        if let Some(size) = size {
+    /// `setattr`. A size change goes through the file's writer (staging it); without an
+    /// open writing handle, through a writer of its own that uploads at once.
+    ///
+    /// Owner and modes are fixed by the mount (`fs.uid`, `fs.gid`, `fs.file_mode`,
+    /// `fs.dir_mode`): objects carry none. A chown to the mount's owner and group succeeds (it
+    /// changes nothing), any other owner is EPERM. A chmod succeeds and changes nothing, as on
+    /// gcsfuse: `tar -x`, `rsync -a` and `cp -p` set the modes of their sources, and failing
+    /// them for every executable or private file would break them for no safety gained (the
+    /// mount's modes are what the kernel enforces). Times are accepted and reported in the
+    /// reply; an object's mtime is its update time, so they are not kept past the attribute
+    /// cache.
+    pub async fn setattr(&self, ino: u64, set: SetAttr) -> FsResult<Attr> {
+        let i = &self.inner;
+        if set.uid.is_some_and(|u| u != i.uid) || set.gid.is_some_and(|g| g != i.gid) {
+            return Err(Errno(libc::EPERM));
+        }
+        if set.size.is_some() || set.mode.is_some() || set.mtime.is_some() || set.uid.is_some() {
             self.writable()?;
-            if size != attr.size {
-                let key = self.inode(ino).map(|i| i.key.clone()).unwrap_or_default();
-                tracing::warn!(
-                    path = %key,
-                    from = attr.size,
-                    to = size,
-                    "truncate not supported: files can only grow by appends"
-                );
-                return Err(EOPNOTSUPP);
-            }
+        }
+        if let Some(size) = set.size {
+            self.resize(ino, set.fh, size).await?;
+        }
+        let mut attr = self.getattr(ino).await?;
+        if let Some(t) = set.mtime {
+            attr.mtime = t;
         }
         Ok(attr)
+    }
+
+    async fn resize(&self, ino: u64, fh: Option<u64>, size: u64) -> FsResult<()> {
+        let inode = self.inode(ino)?;
+        if inode.kind == Kind::Dir {
+            return Err(Errno::EISDIR);
+        }
+        let writes = &self.inner.writes;
+        if let Some(fh) = fh.filter(|_| writes.is_writing(ino)) {
+            match writes.set_size(fh, size).await {
+                Err(Errno::EBADF) => {}
+                done => return done,
+            }
+        }
+        // truncate(2) by path, or through a handle that does not write. When the file has a
+        // writer, the size change joins it and is uploaded with its writes (at their fsync or
+        // close: uploading now would publish a half-written file); else a writer of our own
+        // uploads at once.
+        let had_writer = writes.is_writing(ino);
+        let meta = self.fresh_meta(&inode).await?;
+        let fh = self.inner.next_fh.fetch_add(1, Ordering::Relaxed);
+        writes.attach_existing(fh, &inode, meta.generation, meta.size);
+        let resized = async {
+            writes.set_size(fh, size).await?;
+            if !had_writer {
+                writes.flush(fh).await?;
+            }
+            Ok(())
+        }
+        .await;
+        writes.release(fh).await;
+        if let Some(c) = &self.inner.listings {
+            c.invalidate_all();
+        }
+        resized
     }
 
     /// `access(2)` for writing: refused on a read-only mount.

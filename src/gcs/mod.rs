@@ -9,12 +9,14 @@
 mod auth;
 mod buffer;
 mod channel;
+mod folders;
 mod meta;
 mod ranges;
 mod reader;
 mod retry;
 mod routing;
 mod unary;
+mod upload;
 mod writer;
 
 pub use meta::{ListPage, ListRequest, ObjectMeta};

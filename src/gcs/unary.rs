@@ -205,7 +205,7 @@ impl Client {
 }
 
 /// A random UUID4, so a retried control call is recognised as the same request.
-fn request_id() -> String {
+pub(crate) fn request_id() -> String {
     let b: [u8; 16] = rand::random();
     let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
     let variant = ["8", "9", "a", "b"][usize::from(b[8] >> 6)];

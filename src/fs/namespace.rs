@@ -1,0 +1,284 @@
+//! The namespace operations of [`Fs`]: unlink, mkdir, rmdir and rename, mapped onto the
+//! hierarchical namespace of a Rapid bucket: files are objects (DeleteObject, MoveObject),
+//! directories are folders of the Storage Control API (Create/Delete/RenameFolder), so an
+//! empty directory made by mkdir stays visible (listings include folders as prefixes).
+//!
+//! After each change the caches that could answer for the old state are corrected: the
+//! listing of every directory involved, negative entries of new names, and the inode table
+//! (an inode follows its object through a rename, since the kernel keeps using it under the
+//! new name). The kernel updates its own dentries from our answers.
+//!
+//! Touches the client, the inode table and the metadata caches; no kernel types.
+
+use super::error::{log_err, Errno, FsResult};
+use super::inode::{Inode, Kind};
+use super::{names, Entry, Fs};
+use crate::gcs::{self, ListRequest};
+use std::sync::Arc;
+
+/// The listing request that tells whether directory `dkey` ("a/b/") exists, empty folders
+/// included: names from `dkey` on under the prefix `dkey` without its slash, one entry. Any
+/// object under the directory, or its folder, comes first and groups into the prefix `dkey`;
+/// anything else ("a/b0") means there is no such directory. (A listing under `dkey` itself
+/// would not show an empty folder: the folder is the prefix, not an entry of it.)
+pub fn dir_probe(dkey: &str) -> ListRequest {
+    ListRequest {
+        prefix: dkey.trim_end_matches('/').to_string(),
+        delimiter: Some("/".to_string()),
+        page_size: 1,
+        lexicographic_start: dkey.to_string(),
+        include_folders_as_prefixes: true,
+        ..Default::default()
+    }
+}
+
+/// `renameat2` flags this filesystem understands.
+const RENAME_NOREPLACE: u32 = libc::RENAME_NOREPLACE;
+
+impl Fs {
+    /// The name `name` in `parent` changed: forget what the caches say of it and of the
+    /// directory's listing.
+    fn name_changed(&self, parent: u64, name: &str) {
+        let i = &self.inner;
+        if let Some(c) = &i.negative {
+            c.invalidate(&(parent, name.to_string()));
+        }
+        if let Some(c) = &i.listings {
+            c.invalidate(&parent);
+        }
+    }
+
+    fn check_name(name: &str) -> FsResult<()> {
+        if name.len() > names::NAME_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        if !names::is_visible(name) {
+            return Err(Errno::EINVAL);
+        }
+        Ok(())
+    }
+
+    /// What `name` in `parent` is now (None: nothing), without keeping a kernel lookup on it.
+    async fn existing(&self, parent: u64, name: &str) -> FsResult<Option<Arc<Inode>>> {
+        match self.lookup(parent, name).await {
+            Ok(e) => {
+                let inode = self.inode(e.attr.ino);
+                self.forget(e.attr.ino, 1);
+                inode.map(Some)
+            }
+            Err(Errno::ENOENT) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `unlink(2)`: deletes the object, exactly the generation this mount knows (or, when it
+    /// knows none or that one is gone already, the one live now).
+    pub async fn unlink(&self, parent: u64, name: &str) -> FsResult<()> {
+        self.writable()?;
+        let dir = self.dir_inode(parent)?;
+        let i = &self.inner;
+        let key = names::file_key(&dir.key(), name);
+        let known = i
+            .inodes
+            .find(&key, Kind::File)
+            .and_then(|n| n.meta().0)
+            .map(|m| m.generation);
+        let mut tries = match known {
+            Some(g) => vec![Some(g), None],
+            None => vec![None],
+        };
+        tries.reverse();
+        loop {
+            let Some(want) = tries.pop() else {
+                return Err(Errno::ENOENT);
+            };
+            let generation = match want {
+                Some(g) => g,
+                None => match i.client.get_object(&i.bucket, &key).await {
+                    Ok(m) => m.generation,
+                    Err(e) => return Err(log_err("unlink", &key, &e)),
+                },
+            };
+            match i
+                .client
+                .delete_object(&i.bucket, &key, Some(generation))
+                .await
+            {
+                Ok(()) => break,
+                Err(gcs::Error::NotFound(_) | gcs::Error::PreconditionFailed(_)) => continue,
+                Err(e) => return Err(log_err("unlink", &key, &e)),
+            }
+        }
+        i.inodes.unlink(&key, Kind::File);
+        self.name_changed(parent, name);
+        Ok(())
+    }
+
+    /// `mkdir(2)`: creates the folder (and any missing parent folder); counts one lookup.
+    pub async fn mkdir(&self, parent: u64, name: &str) -> FsResult<Entry> {
+        self.writable()?;
+        Self::check_name(name)?;
+        let dir = self.dir_inode(parent)?;
+        let i = &self.inner;
+        let dkey = names::dir_key(&dir.key(), name);
+        i.client
+            .create_folder(&i.bucket, &dkey, true)
+            .await
+            .map_err(|e| match e {
+                gcs::Error::AlreadyExists(_) | gcs::Error::PreconditionFailed(_) => {
+                    Errno(libc::EEXIST)
+                }
+                e => log_err("mkdir", &dkey, &e),
+            })?;
+        self.name_changed(parent, name);
+        let inode = i.inodes.lookup(&dkey, Kind::Dir, None);
+        Ok(self.entry(&inode))
+    }
+
+    /// Whether directory `dkey` holds anything (an object or a sub-folder).
+    async fn dir_has_entries(&self, dkey: &str) -> FsResult<bool> {
+        let i = &self.inner;
+        let req = ListRequest {
+            prefix: dkey.to_string(),
+            delimiter: Some("/".to_string()),
+            page_size: 2,
+            include_folders_as_prefixes: true,
+            ..Default::default()
+        };
+        let page = i
+            .client
+            .list_page(&i.bucket, &req)
+            .await
+            .map_err(|e| log_err("rmdir", dkey, &e))?;
+        // The directory's own marker object (`dkey` itself) is not an entry.
+        Ok(!page.prefixes.is_empty() || page.objects.iter().any(|o| o.name != dkey))
+    }
+
+    /// Deletes the empty directory `dkey`: its folder and any marker object.
+    async fn remove_dir(&self, dkey: &str) -> FsResult<()> {
+        let i = &self.inner;
+        if self.dir_has_entries(dkey).await? {
+            return Err(Errno(libc::ENOTEMPTY));
+        }
+        let folder = i.client.delete_folder(&i.bucket, dkey).await;
+        let marker = i.client.delete_object(&i.bucket, dkey, None).await;
+        match (folder, marker) {
+            (Ok(()), _) | (Err(gcs::Error::NotFound(_)), Ok(())) => Ok(()),
+            (Err(gcs::Error::PreconditionFailed(_)), _) => Err(Errno(libc::ENOTEMPTY)),
+            (Err(gcs::Error::NotFound(_)), Err(gcs::Error::NotFound(_))) => Err(Errno::ENOENT),
+            (Err(gcs::Error::NotFound(_)), Err(e)) | (Err(e), _) => Err(log_err("rmdir", dkey, &e)),
+        }
+    }
+
+    /// `rmdir(2)`: ENOTEMPTY unless the directory is empty.
+    pub async fn rmdir(&self, parent: u64, name: &str) -> FsResult<()> {
+        self.writable()?;
+        let dir = self.dir_inode(parent)?;
+        let dkey = names::dir_key(&dir.key(), name);
+        self.remove_dir(&dkey).await?;
+        let i = &self.inner;
+        if let (Some(c), Some(gone)) = (&i.listings, i.inodes.find(&dkey, Kind::Dir)) {
+            c.invalidate(&gone.ino);
+        }
+        i.inodes.unlink(&dkey, Kind::Dir);
+        self.name_changed(parent, name);
+        Ok(())
+    }
+
+    /// `rename(2)`: a file with MoveObject (atomically replacing a file of the target name),
+    /// a directory with RenameFolder (replacing an empty directory of the target name), with
+    /// the POSIX errors: EISDIR, ENOTDIR, ENOTEMPTY, and EEXIST for RENAME_NOREPLACE.
+    pub async fn rename(
+        &self,
+        parent: u64,
+        name: &str,
+        newparent: u64,
+        newname: &str,
+        flags: u32,
+    ) -> FsResult<()> {
+        self.writable()?;
+        if flags & !RENAME_NOREPLACE != 0 {
+            return Err(Errno::EINVAL);
+        }
+        Self::check_name(newname)?;
+        self.dir_inode(parent)?;
+        let to_dir = self.dir_inode(newparent)?;
+        let src = self.existing(parent, name).await?.ok_or(Errno::ENOENT)?;
+        let dst = self.existing(newparent, newname).await?;
+        if dst.as_ref().is_some_and(|d| d.ino == src.ino) {
+            return Ok(());
+        }
+        if dst.is_some() && flags & RENAME_NOREPLACE != 0 {
+            return Err(Errno(libc::EEXIST));
+        }
+        match src.kind {
+            Kind::File => {
+                if dst.as_ref().is_some_and(|d| d.kind == Kind::Dir) {
+                    return Err(Errno::EISDIR);
+                }
+                let to = names::file_key(&to_dir.key(), newname);
+                self.move_file(&src, &to, flags & RENAME_NOREPLACE != 0)
+                    .await?;
+            }
+            Kind::Dir => {
+                if dst.as_ref().is_some_and(|d| d.kind == Kind::File) {
+                    return Err(Errno::ENOTDIR);
+                }
+                let from = src.key();
+                let to = names::dir_key(&to_dir.key(), newname);
+                if to.starts_with(&from) {
+                    return Err(Errno::EINVAL);
+                }
+                if dst.is_some() {
+                    self.remove_dir(&to).await?;
+                }
+                let i = &self.inner;
+                i.client
+                    .rename_folder(&i.bucket, &from, &to)
+                    .await
+                    .map_err(|e| match e {
+                        gcs::Error::AlreadyExists(_) => Errno(libc::ENOTEMPTY),
+                        e => log_err("rename", &from, &e),
+                    })?;
+                i.inodes.rename(&from, &to, Kind::Dir);
+                // Every listing below the directory named it by its old key.
+                if let Some(c) = &i.listings {
+                    c.invalidate_all();
+                }
+            }
+        }
+        self.name_changed(parent, name);
+        self.name_changed(newparent, newname);
+        Ok(())
+    }
+
+    /// Moves file `src` to key `to`: pending writes are made durable first, the source must
+    /// still be the generation this mount knows (retried once with the live one when it
+    /// changed), and the inode follows the object.
+    async fn move_file(&self, src: &Inode, to: &str, noreplace: bool) -> FsResult<()> {
+        let i = &self.inner;
+        i.writes.settle(src.ino).await?;
+        let from = src.key();
+        let known = src.meta().0.map(|m| m.generation);
+        let dst_pre = noreplace.then_some(0);
+        let moved = match i
+            .client
+            .move_object(&i.bucket, &from, to, known, dst_pre)
+            .await
+        {
+            Err(gcs::Error::PreconditionFailed(_)) if known.is_some() && !noreplace => {
+                i.client
+                    .move_object(&i.bucket, &from, to, None, dst_pre)
+                    .await
+            }
+            r => r,
+        };
+        let meta = moved.map_err(|e| match e {
+            gcs::Error::PreconditionFailed(_) if noreplace => Errno(libc::EEXIST),
+            e => log_err("rename", &from, &e),
+        })?;
+        i.inodes.rename(&from, to, Kind::File);
+        src.replace(super::inode::ObjMeta::from(&meta));
+        Ok(())
+    }
+}

@@ -1,0 +1,207 @@
+//! Whole-object uploads of a local file (a staged file) as a new generation: one
+//! `BidiWriteObject` stream with a plain (non-appendable) `WriteObjectSpec`, data in
+//! CRC32C-checked chunks of 2 MiB (a multiple of 256 KiB, as non-appendable uploads require),
+//! the whole-object CRC32C on the `finish_write` message, and the final resource checked
+//! against what was sent.
+//!
+//! Why not an appendable object: an appendable object is live from its first message, so
+//! replacing a file that way would show a truncated object until the upload ends, and leave
+//! one behind if it failed. A plain upload becomes live only when it finishes, atomically, and
+//! a generation precondition makes sure it replaces exactly the version the caller read.
+//! A broken stream leaves nothing behind, so a retry starts over from the first byte.
+//! Touches only its own stream and the file it is given (read only).
+
+use super::retry::{self, Backoff};
+use super::writer::MAX_CHUNK;
+use super::{bucket_path, object_url, routing, Client, Error, ObjectMeta, Result};
+use crate::proto::storage::{
+    bidi_write_object_request::{Data, FirstMessage},
+    bidi_write_object_response::WriteStatus,
+    BidiWriteObjectRequest, ChecksummedData, Object, ObjectChecksums, WriteObjectSpec,
+};
+use bytes::Bytes;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Status;
+
+/// Request messages queued towards the stream (each up to 2 MiB) before reading waits.
+const SEND_QUEUE: usize = 4;
+
+/// Why an attempt failed: the stream (maybe worth another attempt) or for good.
+enum Fail {
+    Stream(Status),
+    Fatal(Error),
+}
+
+impl From<Status> for Fail {
+    fn from(s: Status) -> Self {
+        Fail::Stream(s)
+    }
+}
+
+impl Client {
+    /// Uploads the first `len` bytes of `file` as a new finalized generation of `object`.
+    /// `if_generation_match`: `Some(g)` replaces only generation `g`, `Some(0)` only creates,
+    /// `None` replaces whatever is live. `PreconditionFailed` when the precondition fails (or
+    /// the service refuses to replace the live object).
+    pub async fn upload_file(
+        &self,
+        bucket: &str,
+        object: &str,
+        file: Arc<File>,
+        len: u64,
+        if_generation_match: Option<i64>,
+    ) -> Result<ObjectMeta> {
+        let what = object_url(bucket, object);
+        let mut backoff = Backoff::new(self.config());
+        loop {
+            let s = match self
+                .try_upload(bucket, object, &file, len, if_generation_match)
+                .await
+            {
+                Ok(meta) => return Ok(meta),
+                Err(Fail::Fatal(e)) => return Err(e),
+                Err(Fail::Stream(s)) => s,
+            };
+            if !retry::is_transient(&s) {
+                return Err(retry::map_status(&s, &what));
+            }
+            tracing::debug!(object = %what, code = ?s.code(), msg = s.message(), "upload restarts");
+            if !backoff.wait().await {
+                return Err(Error::Unavailable(format!(
+                    "{what}: upload gave up: {} ({:?})",
+                    s.message(),
+                    s.code()
+                )));
+            }
+        }
+    }
+
+    async fn try_upload(
+        &self,
+        bucket: &str,
+        object: &str,
+        file: &Arc<File>,
+        len: u64,
+        if_generation_match: Option<i64>,
+    ) -> std::result::Result<ObjectMeta, Fail> {
+        let what = object_url(bucket, object);
+        let (tx, rx) = mpsc::channel(SEND_QUEUE);
+        let spec = WriteObjectSpec {
+            resource: Some(Object {
+                name: object.to_string(),
+                bucket: bucket_path(bucket),
+                ..Default::default()
+            }),
+            if_generation_match,
+            object_size: i64::try_from(len).ok(),
+            ..Default::default()
+        };
+        // The service reads the first message before it answers the call: queue it first.
+        let _ = tx.try_send(BidiWriteObjectRequest {
+            first_message: Some(FirstMessage::WriteObjectSpec(spec)),
+            write_offset: 0,
+            ..Default::default()
+        });
+        let req =
+            routing::request(ReceiverStream::new(rx), bucket, None, None).map_err(Fail::Fatal)?;
+        let producer = tokio::spawn(send_file(file.clone(), len, tx));
+        let cfg = self.config();
+        let wait = Duration::from_millis(cfg.call_timeout_ms + cfg.stall_timeout_ms);
+        let mut stub = self.stub();
+        let answered = async {
+            let mut rx = stub.bidi_write_object(req).await?.into_inner();
+            loop {
+                match tokio::time::timeout(wait, rx.message()).await {
+                    Err(_) => return Err(Status::deadline_exceeded("upload: no answer")),
+                    Ok(Ok(Some(r))) => {
+                        if let Some(WriteStatus::Resource(o)) = r.write_status {
+                            return Ok(o);
+                        }
+                    }
+                    Ok(Ok(None)) => {
+                        return Err(Status::unavailable("upload stream ended unfinished"))
+                    }
+                    Ok(Err(s)) => return Err(s),
+                }
+            }
+        };
+        let answer = answered.await;
+        let sent = match producer.await {
+            Ok(r) => r,
+            Err(e) => Err(Error::Other(format!("{what}: upload reader failed: {e}"))),
+        };
+        let crc = match sent {
+            Ok(crc) => crc,
+            // A local read error is ours: nothing became live, and retrying will not help.
+            Err(e) => return Err(Fail::Fatal(e)),
+        };
+        let o = answer?;
+        let meta = ObjectMeta::from(&o);
+        if meta.size != len {
+            return Err(Fail::Fatal(Error::Other(format!(
+                "{what}: uploaded {len} bytes, the object has {}",
+                meta.size
+            ))));
+        }
+        if meta.crc32c.is_some_and(|c| c != crc) {
+            return Err(Fail::Fatal(Error::Checksum(format!(
+                "{what}: object crc32c {:08x}, we sent {crc:08x}",
+                meta.crc32c.unwrap_or_default()
+            ))));
+        }
+        Ok(meta)
+    }
+}
+
+/// Sends `len` bytes of `file` as data messages, the last one with `finish_write` and the
+/// whole-object CRC32C; returns that CRC32C. Stops quietly when the stream goes away (the
+/// call reports why).
+async fn send_file(
+    file: Arc<File>,
+    len: u64,
+    tx: mpsc::Sender<BidiWriteObjectRequest>,
+) -> Result<u32> {
+    let mut crc = 0u32;
+    let mut offset = 0u64;
+    loop {
+        let n = (len - offset).min(MAX_CHUNK as u64) as usize;
+        let f = file.clone();
+        let piece = tokio::task::spawn_blocking(move || -> std::io::Result<Bytes> {
+            let mut buf = vec![0u8; n];
+            f.read_exact_at(&mut buf, offset)?;
+            Ok(Bytes::from(buf))
+        })
+        .await
+        .map_err(|e| Error::Other(format!("staged file read failed: {e}")))?
+        .map_err(|e| Error::Other(format!("staged file read failed: {e}")))?;
+        crc = crc32c::crc32c_append(crc, &piece);
+        let last = offset + n as u64 == len;
+        let msg = BidiWriteObjectRequest {
+            write_offset: offset as i64,
+            data: (!piece.is_empty()).then(|| {
+                Data::ChecksummedData(ChecksummedData {
+                    crc32c: Some(crc32c::crc32c(&piece)),
+                    content: piece,
+                })
+            }),
+            finish_write: last,
+            object_checksums: last.then_some(ObjectChecksums {
+                crc32c: Some(crc),
+                md5_hash: Bytes::new(),
+            }),
+            ..Default::default()
+        };
+        if tx.send(msg).await.is_err() {
+            return Ok(crc);
+        }
+        offset += n as u64;
+        if last {
+            return Ok(crc);
+        }
+    }
+}

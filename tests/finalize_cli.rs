@@ -1,0 +1,144 @@
+//! `rapidfs unfinalized` and `rapidfs finalize` against a real crash: the `rapidfs` binary
+//! mounts the emulator of this test, writes and fsyncs a file, and is killed with SIGKILL;
+//! the object it leaves is unfinalized. The BUCKET form and the MOUNTPOINT/PATH forms (on a
+//! new mount, which tells its bucket and endpoint through its control socket) list it,
+//! finalize makes it a finished object with the same bytes.
+
+mod mount_support;
+mod write_support;
+
+use mount_support::Env;
+use std::io::Write;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+use write_support::{bytes, chunks, client, meta, MIB};
+
+const BUCKET: &str = "fin";
+
+fn is_mounted(path: &Path) -> bool {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    let p = path.to_string_lossy();
+    info.lines()
+        .any(|l| l.split(' ').nth(4) == Some(p.as_ref()))
+}
+
+/// A daemon that is killed (and its mount detached) if the test fails before it ends it.
+struct Daemon(Option<Child>, std::path::PathBuf);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+            let _ = Command::new("umount").arg("-l").arg(&self.1).status();
+        }
+    }
+}
+
+fn daemon(env: &Env, mnt: &Path) -> Daemon {
+    let child = Command::new(env!("CARGO_BIN_EXE_rapidfs"))
+        .args(["mount", BUCKET, "--foreground"])
+        .arg(mnt)
+        .args(["--endpoint", &env.emu().endpoint()])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("rapidfs runs");
+    let start = Instant::now();
+    while !is_mounted(mnt) {
+        assert!(start.elapsed() < Duration::from_secs(20), "daemon mounted");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Daemon(Some(child), mnt.to_path_buf())
+}
+
+fn rapidfs(env: &Env, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rapidfs"))
+        .args(args)
+        .args(["--endpoint", &env.emu().endpoint()])
+        .output()
+        .expect("rapidfs runs")
+}
+
+/// Without `--endpoint`: the mount's control socket must tell it.
+fn rapidfs_in_mount(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rapidfs"))
+        .args(args)
+        .output()
+        .expect("rapidfs runs")
+}
+
+fn stdout(o: &Output) -> String {
+    assert!(
+        o.status.success(),
+        "failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+#[test]
+fn an_object_left_by_a_killed_writer_is_listed_and_finalized() {
+    let env = Env::new(BUCKET);
+    env.put(BUCKET, "done.bin", b"finalized already");
+    let c = client(&env.rt, &env.emu().endpoint());
+    let mnt = tempfile::tempdir().expect("tempdir");
+    let mut d = daemon(&env, mnt.path());
+    let mut child = d.0.take().expect("daemon");
+    std::fs::create_dir(mnt.path().join("ckpt")).expect("mkdir");
+    let mut f = std::fs::File::create(mnt.path().join("ckpt/log.bin")).expect("create");
+    f.write_all(&chunks(1, 3)).expect("write");
+    f.sync_all().expect("fsync");
+    // SAFETY: signalling our own child process.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGKILL) }, 0);
+    child.wait().expect("wait");
+    drop(f);
+    let st = Command::new("umount").arg("-l").arg(mnt.path()).status();
+    assert!(st.expect("umount runs").success());
+    assert!(!meta(&env.rt, &c, BUCKET, "ckpt/log.bin").finalized);
+
+    let listed = stdout(&rapidfs(&env, &["unfinalized", BUCKET]));
+    assert_eq!(listed, format!("gs://{BUCKET}/ckpt/log.bin\t{}\n", 3 * MIB));
+
+    let mut d = daemon(&env, mnt.path());
+    let mp = mnt.path().to_str().expect("utf-8");
+    let file = format!("{mp}/ckpt/log.bin");
+    let listed = stdout(&rapidfs_in_mount(&["unfinalized", mp]));
+    assert_eq!(listed, format!("{file}\t{}\n", 3 * MIB));
+    let done = stdout(&rapidfs_in_mount(&["finalize", &file]));
+    assert_eq!(done, format!("finalized {file} ({} bytes)\n", 3 * MIB));
+    let m = meta(&env.rt, &c, BUCKET, "ckpt/log.bin");
+    assert!(m.finalized);
+    assert_eq!(m.size, 3 * MIB as u64);
+    assert!(bytes(&env.rt, &c, BUCKET, "ckpt/log.bin") == chunks(1, 3));
+    assert_eq!(stdout(&rapidfs_in_mount(&["unfinalized", mp])), "");
+    let again = stdout(&rapidfs(
+        &env,
+        &["finalize", &format!("gs://{BUCKET}/done.bin")],
+    ));
+    assert_eq!(
+        again,
+        format!("gs://{BUCKET}/done.bin was already finalized\n")
+    );
+    let mut child = d.0.take().expect("daemon");
+    // SAFETY: signalling our own child process.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert!(child.wait().expect("wait").success());
+}
+
+#[test]
+fn bad_targets_fail_with_one_line() {
+    let env = Env::new(BUCKET);
+    for args in [
+        &["finalize", "gs://fin/missing"][..],
+        &["unfinalized", "/no/such/dir"][..],
+        &["finalize", "/tmp"][..],
+    ] {
+        let o = rapidfs(&env, args);
+        assert!(!o.status.success(), "{args:?} fails");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("rapidfs: error:"), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}
