@@ -10,6 +10,7 @@
 mod dir;
 mod error;
 mod inode;
+mod list_parallel;
 mod names;
 mod pool;
 mod read;
@@ -23,7 +24,7 @@ pub use inode::{Kind, ROOT_INO};
 use crate::config::Config;
 use crate::gcs::{self, Client};
 use bytes::Bytes;
-use dir::{list_dir, list_request, Listing, ShadowWarnings};
+use dir::{list_dir, list_request, ListOptions, Listing, ShadowWarnings};
 use inode::{Inode, InodeTable, ObjMeta};
 use read::{Handle, ReadPath};
 use std::collections::HashMap;
@@ -137,6 +138,7 @@ struct Inner {
     root_key: String,
     inodes: InodeTable,
     listings: Option<moka::sync::Cache<u64, Arc<Listing>>>,
+    list_options: ListOptions,
     negative: Option<moka::sync::Cache<(u64, String), ()>>,
     warnings: ShadowWarnings,
     reads: ReadPath,
@@ -199,6 +201,7 @@ impl Fs {
                 inodes: InodeTable::new(root.clone()),
                 root_key: root,
                 listings: ttl_cache(ms(fs.list_ttl_ms), 4096),
+                list_options: ListOptions::from_config(fs),
                 negative: ttl_cache(ms(fs.negative_ttl_ms), 100_000),
                 warnings: ShadowWarnings::default(),
                 files: Mutex::new(HashMap::new()),
@@ -438,7 +441,7 @@ impl Fs {
             return Ok(l);
         }
         let dir = self.dir_inode(ino)?;
-        let listing = list_dir(&i.client, &i.bucket, &dir.key, &i.warnings)
+        let listing = list_dir(&i.client, &i.bucket, &dir.key, &i.warnings, i.list_options)
             .await
             .map(Arc::new)
             .map_err(|e| error::log_err("list", &dir.key, &e))?;
