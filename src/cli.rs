@@ -5,6 +5,7 @@ mod access;
 mod check;
 mod emulator;
 mod mount;
+mod prefetch;
 
 use crate::config::LogFormat;
 use clap::{Parser, Subcommand};
@@ -34,6 +35,8 @@ pub enum Command {
     Mount(Box<mount::MountArgs>),
     /// Diagnose the connection to a bucket: credentials, reachability, zones, latency.
     Check(check::CheckArgs),
+    /// Load files or directories of a mounted bucket into the mount's cache (warm-up).
+    Prefetch(prefetch::PrefetchArgs),
 }
 
 /// Entry point of the binary: never panics on bad input, always one line per error.
@@ -46,6 +49,7 @@ pub fn main() -> ExitCode {
         Command::Emulator(args) => emulator::run(args, cli.log_level, cli.log_format),
         Command::Mount(args) => mount::run(*args, cli.log_level, cli.log_format),
         Command::Check(args) => check::run(args, cli.log_level, cli.log_format),
+        Command::Prefetch(args) => prefetch::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

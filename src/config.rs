@@ -181,6 +181,14 @@ pub struct ReadConfig {
     pub max_warm_objects: u64,
     /// The mount's kernel read-ahead (`/sys/class/bdi/*/read_ahead_kb`), set after mounting, in KiB; 0 leaves the kernel default.
     pub kernel_read_ahead_kb: u64,
+    /// Bytes of upcoming small files (hinted order or directory order) fetched ahead of the reader, in MiB; capped at half the block cache.
+    pub prefetch_window_mb: u64,
+    /// Most upcoming files fetched ahead of the reader at once.
+    pub prefetch_max_files: usize,
+    /// Whole-file prefetches in flight at once (one BidiReadObject stream each).
+    pub prefetch_parallel: usize,
+    /// Prefetch the next files of a directory when a process opens its files in listing order.
+    pub prefetch_dir_order: bool,
 }
 
 impl Default for ReadConfig {
@@ -195,6 +203,10 @@ impl Default for ReadConfig {
             stream_idle_ms: 30_000,
             max_warm_objects: 1024,
             kernel_read_ahead_kb: 16 * 1024,
+            prefetch_window_mb: 64,
+            prefetch_max_files: 512,
+            prefetch_parallel: 16,
+            prefetch_dir_order: true,
         }
     }
 }

@@ -6,6 +6,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod control;
 pub mod emulator;
 pub mod fs;
 pub mod fuse;

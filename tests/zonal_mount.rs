@@ -46,6 +46,16 @@ fn mount(env: &Env, mnt: &Path, metadata_host: &str, extra: &[&str]) -> (Output,
     (out, start.elapsed())
 }
 
+/// The mount's stderr without the line saying where its control socket is (every mount
+/// prints it).
+fn diagnostics(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter(|l| !l.starts_with("rapidfs: control socket: "))
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
 fn fake_in_zone(env: &Env, zone: &str) -> FakeGoogle {
     FakeGoogle::start(
         &env.rt,
@@ -68,7 +78,7 @@ fn zone_mismatch_warns_with_both_zones_and_require_same_zone_refuses() {
     let mnt = tempfile::tempdir().expect("tempdir");
 
     let (out, _) = mount(&env, mnt.path(), &fake.host, &[]);
-    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    let stderr = diagnostics(&out);
     assert!(
         out.status.success(),
         "mounts despite the mismatch: {stderr}"
@@ -100,7 +110,7 @@ fn zone_mismatch_warns_with_both_zones_and_require_same_zone_refuses() {
     );
 
     let (out, _) = mount(&env, mnt.path(), &fake.host, &["--require-same-zone"]);
-    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    let stderr = diagnostics(&out);
     assert!(!out.status.success(), "refuses: {stderr}");
     assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr:?}");
     assert!(stderr.starts_with("rapidfs: error: "), "{stderr}");
@@ -118,7 +128,7 @@ fn matching_zones_are_silent_and_a_closed_metadata_port_mounts_quickly() {
     let mnt = tempfile::tempdir().expect("tempdir");
 
     let (out, same_zone_time) = mount(&env, mnt.path(), &fake.host, &["--require-same-zone"]);
-    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    let stderr = diagnostics(&out);
     assert!(out.status.success(), "{stderr}");
     assert_eq!(stderr, "", "silent when the zones match");
     assert!(is_mounted(mnt.path()));
@@ -126,7 +136,7 @@ fn matching_zones_are_silent_and_a_closed_metadata_port_mounts_quickly() {
 
     let closed = format!("127.0.0.1:{}", closed_port());
     let (out, closed_time) = mount(&env, mnt.path(), &closed, &[]);
-    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    let stderr = diagnostics(&out);
     assert!(out.status.success(), "{stderr}");
     assert!(is_mounted(mnt.path()));
     assert!(
@@ -175,7 +185,7 @@ fn mounts_a_tls_endpoint_with_a_key_file_and_a_ca_file() {
         .stdin(Stdio::null())
         .output()
         .expect("rapidfs runs");
-    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    let stderr = diagnostics(&out);
     assert!(out.status.success(), "{stderr}");
     assert_eq!(stderr, "", "same zone: silent");
     let got = std::fs::read(mnt.path().join("secure.txt"));

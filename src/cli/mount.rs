@@ -293,8 +293,10 @@ fn serve(
             .map(|s| s.trim().to_string())
             .collect(),
     };
+    let control_fs = fs.clone();
     let mut mounted = Mounted::start(fs, rt.handle().clone(), mountpoint, &settings)
         .map_err(|e| anyhow!("cannot mount on {}: {e}", mountpoint.display()))?;
+    let control = start_control(&rt, control_fs, args, &cfg, mountpoint, ready);
     let ended = mounted.ended();
     set_read_ahead(mountpoint, cfg.read.kernel_read_ahead_kb);
     tracing::info!(bucket = %args.bucket, mountpoint = %mountpoint.display(), endpoint = %cfg.gcs.endpoint, "mounted");
@@ -315,11 +317,47 @@ fn serve(
     if let Err(e) = mounted.unmount() {
         tracing::warn!(error = %e, "unmount ended with an error");
     }
+    drop(control);
     if let Some(emu) = emulator {
         rt.block_on(emu.shutdown());
     }
     tracing::info!("unmounted");
     Ok(())
+}
+
+/// Starts the mount's control socket (hints, warm-up, stats) and says where it is; a mount
+/// without one still works, so a failure is only reported.
+fn start_control(
+    rt: &tokio::runtime::Runtime,
+    fs: Fs,
+    args: &MountArgs,
+    cfg: &Config,
+    mountpoint: &Path,
+    ready: &mut Ready,
+) -> Option<crate::control::ControlServer> {
+    let info = crate::control::Info {
+        bucket: args.bucket.clone(),
+        endpoint: cfg.gcs.endpoint.clone(),
+        prefix: cfg.fs.only_dir.clone().unwrap_or_default(),
+        mountpoint: mountpoint.to_path_buf(),
+    };
+    let _guard = rt.enter();
+    match crate::control::ControlServer::start(fs, info) {
+        Ok(c) => {
+            tracing::info!(socket = %c.path().display(), "control socket listening");
+            ready.note(&format!("control socket: {}", c.path().display()));
+            Some(c)
+        }
+        Err(e) => {
+            let path = crate::control::socket_path(mountpoint);
+            tracing::warn!(socket = %path.display(), error = %e, "no control socket");
+            ready.note(&format!(
+                "warning: no control socket at {}: {e}",
+                path.display()
+            ));
+            None
+        }
+    }
 }
 
 /// Keeps the daemon's resident memory close to what it holds, so the one memory budget means

@@ -102,6 +102,12 @@ impl Inode {
         }
     }
 
+    /// True when the kernel's page cache was filled with this identity by an earlier open
+    /// (so an open now would keep it, and reads may never reach the daemon).
+    pub fn page_cache_holds(&self, identity: (i64, u64)) -> bool {
+        self.state().page_cache_identity == Some(identity)
+    }
+
     /// Records the identity a new open will read and says whether the kernel's page cache,
     /// filled under the previous open, still holds the same bytes (FOPEN_KEEP_CACHE).
     pub fn note_open(&self, identity: (i64, u64)) -> bool {

@@ -13,6 +13,7 @@ mod inode;
 mod list_parallel;
 mod names;
 mod pool;
+mod prefetch;
 mod read;
 mod seq;
 mod write;
@@ -20,6 +21,7 @@ mod write_ops;
 
 pub use error::{Errno, FsResult};
 pub use inode::{Kind, ROOT_INO};
+pub use prefetch::{PrefetchStats, Progress};
 
 use crate::config::Config;
 use crate::gcs::{self, Client};
@@ -147,6 +149,7 @@ struct Inner {
     next_fh: AtomicU64,
     writes: write::Writes,
     read_only: bool,
+    prefetch: prefetch::Prefetch,
 }
 
 /// An open directory: the listing it reads, taken at the first read from offset 0.
@@ -183,9 +186,11 @@ impl Fs {
         // SAFETY: getuid and getgid cannot fail and touch no memory.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
         let (write_budget, read_cache) = write::split_budget(&cfg.cache, &cfg.write);
+        let reads = ReadPath::new(client.clone(), bucket, &cfg.read, &read_cache);
         Fs {
             inner: Arc::new(Inner {
-                reads: ReadPath::new(client.clone(), bucket, &cfg.read, &read_cache),
+                prefetch: prefetch::Prefetch::new(&cfg.read, reads.cache_bytes().0),
+                reads,
                 writes: write::Writes::new(client.clone(), bucket, &cfg.write, write_budget),
                 read_only: fs.read_only,
                 client,
@@ -391,6 +396,7 @@ impl Fs {
         let meta = self.fresh_meta(&inode).await?;
         let keep_cache = inode.note_open(meta.identity());
         let handle = self.inner.reads.open(&inode.key, &meta);
+        self.prefetch_on_open(&inode.key);
         let fh = self.inner.next_fh.fetch_add(1, Ordering::Relaxed);
         lock(&self.inner.files).insert(fh, Arc::new(handle));
         Ok(Opened { fh, keep_cache })

@@ -1,7 +1,8 @@
 //! A per-object pool of `BidiReadObject` streams, pinned to one generation and shared by all
 //! handles that opened that generation.
 //!
-//! The pool starts with one stream, opened at the first read, and grows (up to a size-based
+//! The pool starts with one stream, opened at the first read with that read's range in its
+//! first message (one round trip for a cold small file), and grows (up to a size-based
 //! limit) only when every stream already has several ranges outstanding. Broken streams are
 //! dropped and replaced on the next read. The pool outlives its handles for a while (see
 //! `read.rs`), so reopening a file finds its streams warm.
@@ -85,6 +86,42 @@ impl StreamPool {
     /// fresh stream if the one used broke for good. Fewer bytes than asked is an error: a
     /// reader must never see a silently shortened file.
     pub async fn read(self: &Arc<Self>, offset: u64, len: u64) -> gcs::Result<bytes::Bytes> {
+        let data = match self.cold_read(offset, len).await? {
+            Some(pending) => pending.bytes().await?,
+            None => self.warm_read(offset, len).await?,
+        };
+        if data.len() as u64 != len {
+            return Err(gcs::Error::Other(format!(
+                "short read of {}: {} of {len} bytes at {offset}",
+                self.key,
+                data.len()
+            )));
+        }
+        Ok(data)
+    }
+
+    /// When the pool has no usable stream, opens one whose first message already asks for
+    /// `[offset, offset + len)`: a cold small file costs one round trip, not two.
+    async fn cold_read(
+        self: &Arc<Self>,
+        offset: u64,
+        len: u64,
+    ) -> gcs::Result<Option<gcs::PendingRead>> {
+        let mut readers = self.readers.lock().await;
+        readers.retain(|r| !r.is_broken() && r.metadata().size >= offset + len);
+        if !readers.is_empty() {
+            return Ok(None);
+        }
+        let (r, pending) = self
+            .client
+            .open_reader_reading(&self.bucket, &self.key, Some(self.generation), offset, len)
+            .await?;
+        readers.push(r);
+        Ok(Some(pending))
+    }
+
+    /// A read on the least loaded open stream, retried once on a fresh one if it broke.
+    async fn warm_read(self: &Arc<Self>, offset: u64, len: u64) -> gcs::Result<bytes::Bytes> {
         let end = offset + len;
         let r = self.reader(end).await?;
         let data = match r.read(offset, len).await {
@@ -95,13 +132,6 @@ impl StreamPool {
             }
             Err(e) => return Err(e),
         };
-        if data.len() as u64 != len {
-            return Err(gcs::Error::Other(format!(
-                "short read of {}: {} of {len} bytes at {offset}",
-                self.key,
-                data.len()
-            )));
-        }
         Ok(data)
     }
 }

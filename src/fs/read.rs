@@ -18,6 +18,7 @@
 use super::error::{Errno, FsResult};
 use super::inode::ObjMeta;
 use super::pool::StreamPool;
+use super::prefetch::Counters;
 use super::seq::{Plan, Sequential};
 use crate::config::{CacheConfig, ReadConfig};
 use crate::gcs::Client;
@@ -50,6 +51,18 @@ pub struct ReadPath {
     readahead_max: u64,
     max_streams: usize,
     bytes_per_stream: u64,
+    /// Whole objects loaded by prefetch and not yet read: (key, generation).
+    prefetched: moka::sync::Cache<(Arc<str>, i64), ()>,
+    counters: Arc<Counters>,
+}
+
+/// What loading a whole object into the cache did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Loaded {
+    /// Fetched now: this many bytes.
+    Fetched(u64),
+    /// Already cached, or fetched meanwhile by someone else (a reader or another prefetch).
+    Present,
 }
 
 /// One open file: the generation and size it reads, its stream pool and its scan state.
@@ -66,10 +79,23 @@ impl ReadPath {
     pub fn new(client: Client, bucket: &str, read: &ReadConfig, cache: &CacheConfig) -> Self {
         let budget = cache.memory_mb.max(16) * 1024 * 1024;
         let block = read.block_kb.max(4) * 1024;
+        let counters = Arc::new(Counters::default());
+        let prefetched: moka::sync::Cache<(Arc<str>, i64), ()> =
+            moka::sync::Cache::builder().max_capacity(1 << 20).build();
+        let (evict_seen, evict_count) = (prefetched.clone(), counters.clone());
         let blocks = moka::future::Cache::builder()
             .max_capacity(budget / 2)
             .weigher(|_k: &BlockKey, v: &Bytes| u32::try_from(v.len()).unwrap_or(u32::MAX))
             .eviction_policy(moka::policy::EvictionPolicy::lru())
+            .eviction_listener(move |k: Arc<BlockKey>, _v, cause| {
+                // A prefetched object pushed out before anyone read it: the window is too big.
+                if cause.was_evicted()
+                    && k.2 == WHOLE
+                    && evict_seen.remove(&(k.0.clone(), k.1)).is_some()
+                {
+                    evict_count.bump(&evict_count.evicted_unused, 1);
+                }
+            })
             .build();
         let pools = moka::sync::Cache::builder()
             .max_capacity(read.max_warm_objects.max(1))
@@ -90,6 +116,108 @@ impl ReadPath {
             readahead_max: read.readahead_max_kb * 1024,
             max_streams: read.max_streams_per_object.max(1),
             bytes_per_stream: read.stream_per_mb.max(1) * 1024 * 1024,
+            prefetched,
+            counters,
+        }
+    }
+
+    /// The prefetch counters, shared with the prefetcher.
+    pub fn counters(&self) -> &Arc<Counters> {
+        &self.counters
+    }
+
+    /// Largest object fetched whole.
+    pub fn small_limit(&self) -> u64 {
+        self.small
+    }
+
+    /// Bytes the block cache may hold, and holds now.
+    pub fn cache_bytes(&self) -> (u64, u64) {
+        (
+            self.blocks.policy().max_capacity().unwrap_or(0),
+            self.blocks.weighted_size(),
+        )
+    }
+
+    /// Loads small object `key` whole, at the generation and size in `meta`, into the cache
+    /// where a later read of that version finds it. A read or load of the same version already
+    /// under way is joined, never repeated. Bytes in flight count against the read-ahead budget.
+    pub async fn load_whole(&self, key: &str, meta: &ObjMeta) -> FsResult<Loaded> {
+        let key: Arc<str> = Arc::from(key);
+        let cache_key = (key.clone(), meta.generation, WHOLE);
+        if let Some(b) = self.blocks.get(&cache_key).await {
+            if b.len() as u64 >= meta.size {
+                return Ok(Loaded::Present);
+            }
+            self.blocks.invalidate(&cache_key).await;
+        }
+        let permits = u32::try_from(meta.size.div_ceil(PERMIT_BYTES).max(1))
+            .unwrap_or(u32::MAX)
+            .min(self.demand_permits);
+        let _permit = self
+            .prefetch_budget
+            .acquire_many(permits)
+            .await
+            .map_err(|_| Errno::EIO)?;
+        let (client, bucket, generation, size) = (
+            self.client.clone(),
+            self.bucket.clone(),
+            meta.generation,
+            meta.size,
+        );
+        let (what, seen) = (key.clone(), self.prefetched.clone());
+        let entry = self
+            .blocks
+            .entry(cache_key)
+            .or_try_insert_with(async move {
+                // Marked before the bytes arrive: a reader joining this load counts as a use.
+                seen.insert((what.clone(), generation), ());
+                if size == 0 {
+                    return Ok(Bytes::new());
+                }
+                // A stream of its own, closed when done: prefetched objects keep no stream open.
+                let fetched = async {
+                    let (_reader, pending) = client
+                        .open_reader_reading(&bucket, &what, Some(generation), 0, size)
+                        .await?;
+                    pending.bytes().await
+                }
+                .await;
+                if fetched.is_err() {
+                    seen.invalidate(&(what, generation));
+                }
+                fetched
+            })
+            .await
+            .map_err(|e| super::error::log_err("prefetch", &key, &e))?;
+        if !entry.is_fresh() {
+            return Ok(Loaded::Present);
+        }
+        Ok(Loaded::Fetched(entry.value().len() as u64))
+    }
+
+    /// Loads every block of large object `key` into the cache, a few blocks at a time.
+    pub async fn load_blocks(&self, key: &str, meta: &ObjMeta) -> FsResult<u64> {
+        const AT_ONCE: u64 = 8;
+        let h = self.open(key, meta);
+        let mut at = 0;
+        while at < h.size {
+            let end = (at + AT_ONCE * self.block).min(h.size);
+            self.read_blocks(&h, at, end).await?;
+            at = end;
+        }
+        self.release(&h);
+        Ok(h.size)
+    }
+
+    /// A read of a prefetched object: counted once as a prefetch used.
+    fn note_use(&self, h: &Handle) {
+        if self
+            .prefetched
+            .remove(&(h.key.clone(), h.generation))
+            .is_some()
+        {
+            self.counters.bump(&self.counters.used, 1);
         }
     }
 
@@ -145,6 +273,15 @@ impl ReadPath {
             .map_err(|_| Errno::EIO)?;
         if h.size <= self.small {
             let whole = self.cached(h, WHOLE, 0, h.size).await?;
+            self.note_use(h);
+            if offset == 0 && end == h.size {
+                // Read whole in one request: the kernel's page cache holds it now. Keeping a
+                // second copy would only push out what is still to be read (the cache is LRU,
+                // and files prefetched for later were loaded before this one was read).
+                self.blocks
+                    .invalidate(&(h.key.clone(), h.generation, WHOLE))
+                    .await;
+            }
             return Ok(slice(&whole, offset, end));
         }
         let plan = h

@@ -18,7 +18,7 @@ mod unary;
 mod writer;
 
 pub use meta::{ListPage, ListRequest, ObjectMeta};
-pub use reader::BidiReader;
+pub use reader::{BidiReader, PendingRead};
 pub use unary::{BucketInfo, StorageLayout};
 pub use writer::AppendWriter;
 

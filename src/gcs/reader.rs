@@ -71,6 +71,21 @@ impl BidiReader {
         object: &str,
         generation: Option<i64>,
     ) -> Result<BidiReader> {
+        Ok(Self::open_inner(client, bucket, object, generation, None)
+            .await?
+            .0)
+    }
+
+    /// Opens the stream with `first` = (offset, len) already in its first message, so the
+    /// bytes follow the metadata without another round trip. The range must lie inside the
+    /// object (the caller knows its size).
+    async fn open_inner(
+        client: Client,
+        bucket: &str,
+        object: &str,
+        generation: Option<i64>,
+        first: Option<(u64, u64)>,
+    ) -> Result<(BidiReader, Option<PendingRead>)> {
         let counters = Arc::new(Counters::default());
         let stream_window = client.config().read_stream_window_kb.max(1) * 1024;
         let mut session = Session {
@@ -91,19 +106,30 @@ impl BidiReader {
             counters: counters.clone(),
             client,
         };
+        let first_rx = first.map(|(offset, len)| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            counters.in_flight.fetch_add(1, Ordering::Relaxed);
+            session.ranges.insert(offset, len, tx);
+            (offset, len, rx)
+        });
         let meta = session.first_open().await?;
         let (cmd, cmd_rx) = mpsc::unbounded_channel();
         let what = session.what.clone();
         tokio::spawn(session.run(cmd_rx));
-        Ok(BidiReader {
-            shared: Arc::new(Shared {
-                meta,
-                what,
-                cmd,
-                counters,
-                stream_window,
-            }),
-        })
+        let shared = Arc::new(Shared {
+            meta,
+            what,
+            cmd,
+            counters,
+            stream_window,
+        });
+        let pending = first_rx.map(|(offset, len, rx)| PendingRead {
+            shared: shared.clone(),
+            offset,
+            len,
+            rx,
+        });
+        Ok((BidiReader { shared }, pending))
     }
 
     /// The object as seen at open; its generation is pinned for the life of the reader.
@@ -118,29 +144,15 @@ impl BidiReader {
         if len == 0 {
             return Ok(Bytes::new());
         }
-        let mut rx = self.shared.start(offset, len)?;
-        let mut chunks: Vec<Bytes> = Vec::new();
-        let mut got = 0u64;
-        while let Some(item) = rx.recv().await {
-            let chunk = item?;
-            got += chunk.len() as u64;
-            chunks.push(chunk);
+        let rx = self.shared.start(offset, len)?;
+        PendingRead {
+            shared: self.shared.clone(),
+            offset,
+            len,
+            rx,
         }
-        if got != len {
-            return Err(self.shared.short(offset, len, got));
-        }
-        Ok(match chunks.len() {
-            // A small slice of a large receive buffer would pin all of it in a cache.
-            1 if len < OWN_COPY_BELOW => Bytes::copy_from_slice(&chunks[0]),
-            1 => chunks.pop().unwrap_or_default(),
-            _ => {
-                let mut buf = BytesMut::with_capacity(len as usize);
-                for c in chunks {
-                    buf.extend_from_slice(&c);
-                }
-                buf.freeze()
-            }
-        })
+        .bytes()
+        .await
     }
 
     /// Same range, delivered as in-order chunks (for streaming large ranges without
@@ -231,6 +243,67 @@ impl Shared {
             self.what,
             offset + len
         ))
+    }
+}
+
+/// A range asked for in a stream's first message (see [`Client::open_reader_reading`]).
+pub struct PendingRead {
+    shared: Arc<Shared>,
+    offset: u64,
+    len: u64,
+    rx: mpsc::UnboundedReceiver<Result<Bytes>>,
+}
+
+impl PendingRead {
+    /// All bytes of the range; fewer than asked is an error.
+    pub async fn bytes(mut self) -> Result<Bytes> {
+        let mut chunks: Vec<Bytes> = Vec::new();
+        let mut got = 0u64;
+        while let Some(item) = self.rx.recv().await {
+            let chunk = item?;
+            got += chunk.len() as u64;
+            chunks.push(chunk);
+        }
+        if got != self.len {
+            return Err(self.shared.short(self.offset, self.len, got));
+        }
+        Ok(match chunks.len() {
+            // A small slice of a large receive buffer would pin all of it in a cache.
+            1 if self.len < OWN_COPY_BELOW => Bytes::copy_from_slice(&chunks[0]),
+            1 => chunks.pop().unwrap_or_default(),
+            _ => {
+                let mut buf = BytesMut::with_capacity(self.len as usize);
+                for c in chunks {
+                    buf.extend_from_slice(&c);
+                }
+                buf.freeze()
+            }
+        })
+    }
+}
+
+impl Client {
+    /// Opens a BidiReadObject stream whose first message already asks for
+    /// `[offset, offset + len)`: one round trip brings metadata and bytes (the small-file fast
+    /// path). The range must lie inside the object as it is at `generation`.
+    pub async fn open_reader_reading(
+        &self,
+        bucket: &str,
+        object: &str,
+        generation: Option<i64>,
+        offset: u64,
+        len: u64,
+    ) -> Result<(BidiReader, PendingRead)> {
+        let (reader, pending) = BidiReader::open_inner(
+            self.clone(),
+            bucket,
+            object,
+            generation,
+            Some((offset, len)),
+        )
+        .await?;
+        let pending = pending.ok_or_else(|| Error::Other("first range not registered".into()))?;
+        Ok((reader, pending))
     }
 }
 
@@ -347,14 +420,22 @@ impl Session {
         true
     }
 
-    /// The first stream: spec-only message, then wait for metadata and handle. Pins the generation.
+    /// The first stream: the spec plus any ranges already registered, then wait for metadata
+    /// and handle. Pins the generation.
     async fn first_open(&mut self) -> Result<ObjectMeta> {
         let mut backoff = Backoff::new(self.client.config());
         let timeout = Duration::from_millis(self.client.config().call_timeout_ms);
         loop {
+            let ranges: Vec<_> = self
+                .ranges
+                .ids()
+                .iter()
+                .take(MAX_RANGES_PER_MESSAGE)
+                .filter_map(|id| self.ranges.remainder(*id))
+                .collect();
             // No handle: a handle-based open would not carry the metadata we need.
             let attempt = async {
-                let mut conn = self.open_stream(self.spec(false), Vec::new()).await?;
+                let mut conn = self.open_stream(self.spec(false), ranges).await?;
                 match tokio::time::timeout(timeout, conn.rx.message()).await {
                     Ok(Ok(Some(first))) => Ok((conn, first)),
                     Ok(Ok(None)) => Err(Status::unavailable("stream ended before metadata")),
@@ -372,10 +453,14 @@ impl Session {
                     };
                     let meta = ObjectMeta::from(obj);
                     self.generation = Some(meta.generation);
-                    if let Some(h) = first.read_handle {
-                        self.handle = Some(h.handle);
-                    }
                     self.conn = Some(conn);
+                    // The first response may already carry data of the first ranges; a bad
+                    // chunk there is handled like any later break: the task reconnects.
+                    if let Err(s) = self.on_response(first) {
+                        self.conn = None;
+                        self.failing = true;
+                        self.last_error = Some(s);
+                    }
                     return Ok(meta);
                 }
                 Err(s) => s,
