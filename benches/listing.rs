@@ -37,9 +37,7 @@ fn parse_args() -> anyhow::Result<Args> {
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = |name: &str| -> anyhow::Result<u64> {
-            let v = it
-                .next()
-                .with_context(|| format!("{name} needs a value"))?;
+            let v = it.next().with_context(|| format!("{name} needs a value"))?;
             v.parse()
                 .with_context(|| format!("{name}: not a number: {v:?}"))
         };
@@ -50,7 +48,9 @@ fn parse_args() -> anyhow::Result<Args> {
             "--runs" => a.runs = (value("--runs")? as usize).max(1),
             // cargo bench passes --bench to every bench binary.
             "--bench" => {}
-            other => anyhow::bail!("unknown flag {other:?} (see the doc comment of benches/listing.rs)"),
+            other => {
+                anyhow::bail!("unknown flag {other:?} (see the doc comment of benches/listing.rs)")
+            }
         }
     }
     Ok(a)
@@ -63,9 +63,9 @@ fn name(shape: &str, i: usize) -> String {
             let h = (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
             format!("{h:016x}.jpg")
         }
-        _ => format!(
-            "train_images_from_the_one_camera_of_the_project_shard_0000_sample_{i:08}.jpg"
-        ),
+        _ => {
+            format!("train_images_from_the_one_camera_of_the_project_shard_0000_sample_{i:08}.jpg")
+        }
     }
 }
 
@@ -118,7 +118,11 @@ async fn bench_shape(shape: &'static str, a: &Args) -> anyhow::Result<Vec<Row>> 
     let t0 = Instant::now();
     let empty = bytes::Bytes::new();
     for i in 0..a.objects {
-        emu.put_object(BUCKET, &format!("{shape}/{}", name(shape, i)), empty.clone())?;
+        emu.put_object(
+            BUCKET,
+            &format!("{shape}/{}", name(shape, i)),
+            empty.clone(),
+        )?;
     }
     eprintln!(
         "[listing] {shape}: {} objects put in {:.1} s",
