@@ -155,3 +155,44 @@ fn names_sharing_a_long_prefix_list_in_parallel_completely_and_in_order() {
     let prefix = "imagenet_train_shard_with_a_rather_long_common_prefix_".repeat(3);
     check_parallel_listing("shared", 3000, move |i| format!("{prefix}{i:06}.jpg"));
 }
+
+#[test]
+fn lookups_by_path_list_a_small_directory_once() {
+    let env = Env::new(BUCKET);
+    for i in 0..200 {
+        env.put(BUCKET, &format!("train/c1/{i:04}.jpg"), &vec![b'j'; i + 1]);
+    }
+    env.put(BUCKET, "train/c1/sub/inner", b"x");
+    let m = env.mount(BUCKET, &env.config());
+    env.emu().reset_stats();
+    for i in (0..200).rev() {
+        let md = std::fs::metadata(m.p(&format!("train/c1/{i:04}.jpg"))).expect("stat");
+        assert_eq!(md.len(), (i + 1) as u64);
+    }
+    assert!(std::fs::metadata(m.p("train/c1/sub"))
+        .expect("stat")
+        .is_dir());
+    assert!(std::fs::metadata(m.p("train/c1/missing.jpg")).is_err());
+    let s = env.emu().stats();
+    // The first lookup in each of the root and `train` lists it (beside one GetObject), as
+    // does the first in `train/c1` (its 201 entries fit one page); the other lookups are
+    // answered from those listings.
+    assert!(
+        s.list_calls <= 3 && s.get_object_calls <= 3,
+        "201 lookups by path took {} list and {} get calls",
+        s.list_calls,
+        s.get_object_calls
+    );
+    // A directory larger than one page is still looked up name by name.
+    let m2 = env.mount(BUCKET, &cfg(&env, 8));
+    env.emu().reset_stats();
+    for i in 0..10 {
+        assert!(m2.p(&format!("train/c1/{i:04}.jpg")).is_file());
+    }
+    let s = env.emu().stats();
+    assert!(
+        s.get_object_calls >= 10,
+        "with 50-entry pages train/c1 is large: each name is looked up ({} get calls)",
+        s.get_object_calls
+    );
+}
