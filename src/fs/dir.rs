@@ -150,8 +150,20 @@ pub async fn list_dir(
 /// Merges listing pages of directory `prefix` (in any order, entries possibly repeated, as
 /// a parallel listing returns them) into its visible entries.
 pub fn merge(prefix: &str, pages: &[ListPage], warnings: &ShadowWarnings) -> Listing {
+    // Pages of a parallel listing come in completion order: put them back in key order so
+    // the sort below only has to merge the few entries repeated across range boundaries.
+    let mut ordered: Vec<&ListPage> = pages.iter().collect();
+    ordered.sort_by_cached_key(|p| {
+        let o = p.objects.first().map(|o| o.name.as_str());
+        let d = p.prefixes.first().map(String::as_str);
+        match (o, d) {
+            (Some(o), Some(d)) => o.min(d),
+            (o, d) => o.or(d).unwrap_or(""),
+        }
+        .to_string()
+    });
     let mut all: Vec<ListedEntry> = Vec::new();
-    for page in pages {
+    for page in ordered {
         for p in &page.prefixes {
             let Some(name) = p
                 .strip_prefix(prefix)
@@ -179,8 +191,8 @@ pub fn merge(prefix: &str, pages: &[ListPage], warnings: &ShadowWarnings) -> Lis
             });
         }
     }
-    // Pages come as sorted runs, which the stable sort merges cheaply; a directory sorts
-    // before a file of the same name so that it wins below.
+    // Now nearly sorted, which the stable sort finds cheaply; a directory sorts before a file
+    // of the same name so that it wins below.
     all.sort_by(|a, b| {
         a.name
             .cmp(&b.name)
