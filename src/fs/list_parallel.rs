@@ -176,12 +176,14 @@ pub fn split_key(dir: &str, cur: &str, end: Option<&str>, alphabet: &[char]) -> 
 }
 
 /// How much of the key space a range spans, for picking the largest: ranges whose keys part
-/// earlier are larger; among those, the wider difference of their next few digits.
-fn span(r: &Range, alphabet: &[char]) -> (std::cmp::Reverse<usize>, f64) {
-    let Some(end) = &r.end else {
-        return (std::cmp::Reverse(0), f64::INFINITY);
-    };
-    let common = common_prefix(&r.cur, end);
+/// earlier are larger; among those, the wider difference of their next few digits (the end of
+/// directory `dir` counting as the top of the alphabet).
+fn span(dir: &str, r: &Range, alphabet: &[char]) -> (std::cmp::Reverse<usize>, f64) {
+    let in_dir = if r.cur.starts_with(dir) { dir.len() } else { 0 };
+    let common = r
+        .end
+        .as_ref()
+        .map_or(in_dir, |e| common_prefix(&r.cur, e).max(in_dir));
     let value = |s: &str| {
         let base = alphabet.len().max(2) as f64;
         let mut v = 0.0;
@@ -192,8 +194,9 @@ fn span(r: &Range, alphabet: &[char]) -> (std::cmp::Reverse<usize>, f64) {
         }
         v
     };
+    let end = r.end.as_deref().map_or(1.0, value);
     let chars = r.cur[..common].chars().count();
-    (std::cmp::Reverse(chars), value(end) - value(&r.cur))
+    (std::cmp::Reverse(chars), end - value(&r.cur))
 }
 
 /// Lists directory `prefix` from `start` (inclusive) to its end with `opts.workers`
@@ -387,8 +390,8 @@ fn split_largest(shared: &Shared, ranges: &mut Vec<Range>) -> Option<usize> {
         .collect();
     candidates.sort_by(|&a, &b| {
         let (sa, sb) = (
-            span(&ranges[a], &shared.alphabet),
-            span(&ranges[b], &shared.alphabet),
+            span(&shared.prefix, &ranges[a], &shared.alphabet),
+            span(&shared.prefix, &ranges[b], &shared.alphabet),
         );
         sb.partial_cmp(&sa).unwrap_or(std::cmp::Ordering::Equal)
     });
@@ -486,14 +489,17 @@ mod tests {
             done: false,
             dense: true,
         };
-        assert!(span(&r("d/1", "d/9"), &a) > span(&r("d/11", "d/19"), &a));
-        assert!(span(&r("d/1", "d/9"), &a) > span(&r("d/1", "d/2"), &a));
-        let open = Range {
-            cur: "d/5".into(),
+        let span = |r: &Range| span("d/", r, &a);
+        assert!(span(&r("d/1", "d/9")) > span(&r("d/11", "d/19")));
+        assert!(span(&r("d/1", "d/9")) > span(&r("d/1", "d/2")));
+        let open = |cur: &str| Range {
+            cur: cur.into(),
             end: None,
             done: false,
             dense: true,
         };
-        assert!(span(&open, &a) > span(&r("d/0", "d/9"), &a));
+        // The end of the directory is the top of the alphabet, not infinitely far.
+        assert!(span(&open("d/1")) > span(&r("d/5", "d/9")));
+        assert!(span(&open("d/5")) < span(&r("d/0", "d/9")));
     }
 }
