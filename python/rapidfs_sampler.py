@@ -97,6 +97,11 @@ class RapidfsSampler:
     def __len__(self):
         return len(self.base_sampler)
 
+    def set_epoch(self, epoch):
+        """Passed on to the wrapped sampler (DistributedSampler reshuffles with it)."""
+        if hasattr(self.base_sampler, "set_epoch"):
+            self.base_sampler.set_epoch(epoch)
+
     def __iter__(self):
         indices = list(iter(self.base_sampler))
         order = [self.paths[i] for i in indices]

@@ -3,10 +3,10 @@
 //! "Upcoming" files come from an order: one given by a client of the control socket (a hint:
 //! the paths an epoch will read, in order), or a directory's listing order once a process
 //! opens two of its files one after the other in that order. Each open of a file found in an
-//! order moves that order's cursor; the files after it are loaded, one BidiReadObject stream
-//! each (the range in the stream's first message), until the bytes ahead of the cursor reach
-//! the window, itself at most half the block cache so that prefetched files are read before
-//! they are evicted. Loaded files land in the block cache under (object, generation): a reader
+//! order moves that order's cursor; the next files are loaded, one BidiReadObject stream each
+//! (the range in the stream's first message), while the bytes loaded and not yet opened stay
+//! under the window, itself at most half the block cache so that prefetched files are read
+//! before they are evicted. Loaded files land in the block cache under (object, generation): a reader
 //! of another version never sees them, and a reader arriving while the load is in flight joins
 //! it. Touches the read path's cache and the filesystem's metadata caches (read only).
 
@@ -50,6 +50,10 @@ pub struct Counters {
     pub failed: AtomicU64,
     /// Prefetches started by the directory-order detector.
     pub dir_order: AtomicU64,
+    /// Bytes readers waited for (fetched on demand).
+    pub demand_bytes: AtomicU64,
+    /// Bytes fetched by sequential read-ahead.
+    pub readahead_bytes: AtomicU64,
 }
 
 impl Counters {
@@ -80,6 +84,10 @@ pub struct PrefetchStats {
     pub prefetch_failed: u64,
     /// Prefetches started by directory-order detection.
     pub prefetch_dir_order: u64,
+    /// Bytes readers waited for (fetched on demand).
+    pub demand_bytes: u64,
+    /// Bytes fetched by sequential read-ahead.
+    pub readahead_bytes: u64,
     /// Paths in the hints now held.
     pub hinted_paths: u64,
     /// Bytes fetched ahead of the reader at most.
@@ -114,10 +122,12 @@ struct Order {
 struct Cursor {
     /// Furthest position opened so far, if any.
     read: Option<usize>,
-    /// Positions below this were handed to the prefetcher.
+    /// Positions below this have had their turn (issued, or passed by a reader).
     issued_to: usize,
-    /// Size counted for each issued position (known or guessed).
-    sizes: Vec<u64>,
+    /// Issued positions not opened yet, with the bytes counted for each.
+    waiting: HashMap<usize, u64>,
+    /// Bytes of `waiting`.
+    pending: u64,
 }
 
 /// Listing-order scan of one directory: the last position opened, and once two opens came
@@ -168,9 +178,11 @@ impl Prefetch {
     }
 }
 
-/// Notes that position `at` was opened (none: the order just arrived) and issues the
-/// positions after the furthest one opened while the bytes ahead stay under `window` and the
-/// files ahead under `max_files`: returns the positions to load now.
+/// Notes that position `at` was opened (none: the order just arrived) and returns the next
+/// positions to load: as many as keep the bytes issued and not yet opened under `window` and
+/// their count under `max_files`. Readers may open positions out of order (DataLoader workers
+/// each take a batch); a position left unopened `max_files` behind the furthest one opened
+/// is given up on, so a skipped file cannot stall the window.
 fn advance(
     c: &mut Cursor,
     at: Option<usize>,
@@ -178,27 +190,35 @@ fn advance(
     window: u64,
     max_files: usize,
     mut size_of: impl FnMut(usize) -> u64,
-) -> std::ops::Range<usize> {
+) -> Vec<usize> {
     if let Some(at) = at {
         c.read = Some(c.read.map_or(at, |r| r.max(at)));
-    }
-    let next = c.read.map_or(0, |r| r + 1);
-    let from = c.issued_to.max(next);
-    let mut ahead: u64 = (next..c.issued_to)
-        .map(|p| c.sizes.get(p).copied().unwrap_or(0))
-        .sum();
-    let mut to = from;
-    while to < len && ahead < window && to - next < max_files {
-        let size = size_of(to);
-        if c.sizes.len() <= to {
-            c.sizes.resize(to + 1, 0);
+        match c.waiting.remove(&at) {
+            Some(size) => c.pending -= size,
+            // Ahead of everything issued: what lies between is being read or was skipped.
+            None if at >= c.issued_to => c.issued_to = at + 1,
+            None => {}
         }
-        c.sizes[to] = size;
-        ahead += size;
-        to += 1;
     }
-    c.issued_to = c.issued_to.max(to);
-    from..to.max(from)
+    let low = c.read.map_or(0, |r| (r + 1).saturating_sub(max_files));
+    let mut given_up = 0;
+    c.waiting.retain(|&p, size| {
+        let keep = p >= low;
+        if !keep {
+            given_up += *size;
+        }
+        keep
+    });
+    c.pending -= given_up;
+    let mut due = Vec::new();
+    while c.issued_to < len && c.pending < window && c.waiting.len() < max_files {
+        let size = size_of(c.issued_to);
+        c.waiting.insert(c.issued_to, size);
+        c.pending += size;
+        due.push(c.issued_to);
+        c.issued_to += 1;
+    }
+    due
 }
 
 impl Fs {
@@ -256,7 +276,7 @@ impl Fs {
             }
         });
         let mut started = 0;
-        for (n, plan) in range.zip(plans) {
+        for (n, plan) in range.into_iter().zip(plans) {
             match plan {
                 Upcoming::Skip => continue,
                 Upcoming::Load(m) => self.spawn_load(keys[n].clone(), Some(m)),
@@ -509,6 +529,8 @@ impl Fs {
             prefetch_skipped_large: get(&c.skipped_large),
             prefetch_failed: get(&c.failed),
             prefetch_dir_order: get(&c.dir_order),
+            demand_bytes: get(&c.demand_bytes),
+            readahead_bytes: get(&c.readahead_bytes),
             hinted_paths,
             window_bytes: self.inner.prefetch.window,
             cache_capacity,
@@ -530,29 +552,50 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_window_is_bytes_ahead_of_the_furthest_read() {
+    fn the_window_is_bytes_issued_and_not_yet_opened() {
         let mut c = Cursor::default();
         // 10-byte files, window 35: four files ahead, from the start before any open.
-        assert_eq!(advance(&mut c, None, 100, 35, 50, |_| 10), 0..4);
-        assert_eq!(advance(&mut c, Some(0), 100, 35, 50, |_| 10), 4..5);
-        // Reading position 1 frees room for one more.
-        assert_eq!(advance(&mut c, Some(1), 100, 35, 50, |_| 10), 5..6);
-        // A read out of order behind the cursor issues nothing new.
-        assert_eq!(advance(&mut c, Some(0), 100, 35, 50, |_| 10), 6..6);
-        // A jump ahead issues from there.
-        assert_eq!(advance(&mut c, Some(20), 100, 35, 50, |_| 10), 21..25);
+        assert_eq!(advance(&mut c, None, 100, 35, 50, |_| 10), vec![0, 1, 2, 3]);
+        // Opening one frees room for one more.
+        assert_eq!(advance(&mut c, Some(0), 100, 35, 50, |_| 10), vec![4]);
+        // Out of order (another worker's batch) frees room just the same.
+        assert_eq!(advance(&mut c, Some(3), 100, 35, 50, |_| 10), vec![5]);
+        // Opening a position again issues nothing.
+        assert_eq!(
+            advance(&mut c, Some(3), 100, 35, 50, |_| 10),
+            Vec::<usize>::new()
+        );
+        assert_eq!(advance(&mut c, Some(1), 100, 35, 50, |_| 10), vec![6]);
+    }
+
+    #[test]
+    fn a_reader_ahead_moves_the_turn_and_skipped_positions_are_given_up() {
+        let mut c = Cursor::default();
+        assert_eq!(advance(&mut c, None, 100, 25, 5, |_| 10), vec![0, 1, 2]);
+        // A reader ahead of the prefetcher: positions 3 and 4 lose their turn.
+        assert!(advance(&mut c, Some(4), 100, 25, 5, |_| 10).is_empty());
+        assert_eq!(advance(&mut c, Some(0), 100, 25, 5, |_| 10), vec![5]);
+        assert_eq!(advance(&mut c, Some(1), 100, 25, 5, |_| 10), vec![6]);
+        // Positions 2, 5 and 6 are never opened; moving far past them frees the window.
+        assert_eq!(
+            advance(&mut c, Some(20), 100, 25, 5, |_| 10),
+            vec![21, 22, 23]
+        );
     }
 
     #[test]
     fn file_count_and_order_end_bound_the_window() {
         let mut c = Cursor::default();
-        assert_eq!(advance(&mut c, Some(0), 100, u64::MAX, 3, |_| 1), 1..4);
-        let mut c = Cursor::default();
-        assert_eq!(advance(&mut c, Some(97), 100, u64::MAX, 50, |_| 1), 98..100);
         assert_eq!(
-            advance(&mut c, Some(99), 100, u64::MAX, 50, |_| 1),
-            100..100
+            advance(&mut c, None, 100, u64::MAX, 3, |_| 1),
+            vec![0, 1, 2]
         );
+        let mut c = Cursor::default();
+        assert_eq!(
+            advance(&mut c, Some(97), 100, u64::MAX, 50, |_| 1),
+            vec![98, 99]
+        );
+        assert!(advance(&mut c, Some(99), 100, u64::MAX, 50, |_| 1).is_empty());
     }
 
     #[test]

@@ -300,10 +300,14 @@ impl ReadPath {
                 if let Some(b) = self.cached_range(h, offset, end).await {
                     return Ok(b);
                 }
-                h.pool
+                let got = h
+                    .pool
                     .read(offset, end - offset)
                     .await
-                    .map_err(|e| super::error::log_err("read", &h.key, &e))
+                    .map_err(|e| super::error::log_err("read", &h.key, &e))?;
+                self.counters
+                    .bump(&self.counters.demand_bytes, got.len() as u64);
+                Ok(got)
             }
         }
     }
@@ -347,8 +351,13 @@ impl ReadPath {
                 self.blocks.invalidate(&key).await;
             }
         }
+        let counters = self.counters.clone();
         self.blocks
-            .try_get_with(key, async move { pool.read(start, end - start).await })
+            .try_get_with(key, async move {
+                let got = pool.read(start, end - start).await?;
+                counters.bump(&counters.demand_bytes, got.len() as u64);
+                Ok::<_, crate::gcs::Error>(got)
+            })
             .await
             .map_err(|e| super::error::log_err("read", &h.key, &e))
     }
@@ -374,9 +383,14 @@ impl ReadPath {
             };
             let blocks = self.blocks.clone();
             let pool = h.pool.clone();
+            let counters = self.counters.clone();
             tokio::spawn(async move {
                 let fetched = blocks
-                    .try_get_with(key, async move { pool.read(start, end - start).await })
+                    .try_get_with(key, async move {
+                        let got = pool.read(start, end - start).await?;
+                        counters.bump(&counters.readahead_bytes, got.len() as u64);
+                        Ok::<_, crate::gcs::Error>(got)
+                    })
                     .await;
                 if let Err(e) = fetched {
                     tracing::debug!(error = %e, "read-ahead failed; the reader will fetch on demand");
