@@ -130,6 +130,12 @@ pub struct FsConfig {
     pub kernel_attr_ttl_ms: u64,
     /// Deadline for connecting and checking the bucket when mounting, in milliseconds.
     pub mount_timeout_ms: u64,
+    /// Entries per ListObjects page (the service allows at most 1000).
+    pub list_page_size: u32,
+    /// A directory with more entries than this (listed one page after another so far) is listed the rest of the way by several concurrent ListObjects calls over split key ranges.
+    pub parallel_list_threshold: u64,
+    /// Concurrent ListObjects calls of one parallel listing; 1 lists every directory page by page.
+    pub parallel_list_workers: u32,
 }
 
 impl Default for FsConfig {
@@ -148,6 +154,9 @@ impl Default for FsConfig {
             kernel_entry_ttl_ms: 60_000,
             kernel_attr_ttl_ms: 60_000,
             mount_timeout_ms: 10_000,
+            list_page_size: 1000,
+            parallel_list_threshold: 2000,
+            parallel_list_workers: 16,
         }
     }
 }

@@ -41,8 +41,10 @@ fn ten_thousand_objects_list_completely_with_sizes() {
     }
     assert_eq!(seen, 10_000);
     let s = env.emu().stats();
+    // Ten pages; past `parallel_list_threshold` the parallel listing adds a few probes and
+    // split ranges, but nothing per entry.
     assert!(
-        s.list_calls <= 12 && s.get_object_calls <= 2,
+        s.list_calls <= 50 && s.get_object_calls <= 2,
         "listing took {} list and {} get calls",
         s.list_calls,
         s.get_object_calls

@@ -3,7 +3,9 @@
 //! binds the address, prints the endpoint, and serves until SIGINT or SIGTERM.
 
 use crate::config::LogFormat;
-use crate::emulator::{serve_secure, EmulatorOptions, Faults, Security, ServerTls};
+use crate::emulator::{
+    serve_secure, Emulator, EmulatorOptions, Faults, Security, ServerTls, StatsSnapshot,
+};
 use anyhow::Context;
 use clap::Args;
 use serde::Deserialize;
@@ -58,6 +60,10 @@ pub struct EmulatorArgs {
     /// Refuse calls without `authorization: Bearer TOKEN` (may be repeated).
     #[arg(long, value_name = "TOKEN")]
     pub require_token: Vec<String>,
+    /// On each SIGUSR1, write the counters of what was served (calls, bytes sent, ...) as
+    /// JSON to this file (replaced atomically), for benchmark scripts.
+    #[arg(long, value_name = "FILE")]
+    pub stats_file: Option<PathBuf>,
 }
 
 /// The `--config` file: only the `[emulator]` table.
@@ -189,11 +195,15 @@ pub fn run(
     } else {
         "http"
     };
+    let stats_file = args.stats_file.clone();
     let (opts, listen) = resolve(args)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
+    if let Some(path) = stats_file {
+        return runtime.block_on(serve_with_stats(opts, listen, security, scheme, path));
+    }
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::bind(listen)
             .await
@@ -223,4 +233,51 @@ pub fn run(
             }
         }
     })
+}
+
+/// `run` with counters: the in-process emulator, whose counters go to `path` at each SIGUSR1.
+async fn serve_with_stats(
+    opts: EmulatorOptions,
+    listen: SocketAddr,
+    security: Security,
+    scheme: &str,
+    path: PathBuf,
+) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut usr1 = signal(SignalKind::user_defined1()).context("cannot catch SIGUSR1")?;
+    let what = match (&opts.root, opts.memory) {
+        (Some(r), false) => format!("directory {}", r.display()),
+        (Some(r), true) => format!("memory, preloaded from {}", r.display()),
+        (None, _) => "memory".to_string(),
+    };
+    let zone = opts.zone.clone();
+    let emulator = Emulator::start_secure(opts, listen, security).await?;
+    println!(
+        "rapidfs emulator listening on {scheme}://{} ({what}, zone {zone}, stats to {} on SIGUSR1)",
+        emulator.addr(),
+        path.display()
+    );
+    let _ = std::io::stdout().flush();
+    let stop = stop_signal();
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = usr1.recv() => {
+                if let Err(e) = write_stats(&emulator.stats(), &path) {
+                    tracing::warn!("cannot write stats to {}: {e:#}", path.display());
+                }
+            }
+            _ = &mut stop => break,
+        }
+    }
+    emulator.shutdown().await;
+    Ok(())
+}
+
+/// Replaces `path` with the counters as JSON (written aside, then renamed).
+fn write_stats(stats: &StatsSnapshot, path: &Path) -> anyhow::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, serde_json::to_vec(stats)?)?;
+    std::fs::rename(&tmp, path)?;
+    Ok(())
 }

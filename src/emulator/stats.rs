@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Counters readable from tests (a consistent-enough snapshot of atomics).
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct StatsSnapshot {
     /// Every RPC (unary + stream opens).
     pub calls: u64,

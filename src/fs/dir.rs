@@ -1,16 +1,40 @@
 //! Directory listings: one directory's entries from paged `ListObjects` with delimiter `/`,
 //! merged under the name rules (a directory wins over a same-named object, names POSIX cannot
-//! show are hidden), sorted by name so lookups can search them.
+//! show are hidden), sorted by name so lookups can search them. A directory found large while
+//! listing page by page is listed the rest of the way in parallel (`list_parallel`).
 
 use super::inode::{Kind, ObjMeta};
+use super::list_parallel::{self, ParallelOptions};
 use super::names::is_visible;
+use crate::config::FsConfig;
 use crate::gcs::{self, Client, ListPage, ListRequest};
-use futures::StreamExt;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Mutex;
 
-/// Objects per ListObjects page (the service's largest page).
-const PAGE_SIZE: i32 = 1000;
+/// The service's largest page.
+const MAX_PAGE_SIZE: u32 = 1000;
+
+/// How directories are listed (from `[fs]`).
+#[derive(Debug, Clone, Copy)]
+pub struct ListOptions {
+    /// Entries per page.
+    pub page_size: i32,
+    /// Entries listed page by page before the rest goes parallel.
+    pub parallel_threshold: u64,
+    /// Concurrent calls of a parallel listing; 1 never goes parallel.
+    pub workers: usize,
+}
+
+impl ListOptions {
+    /// The options `[fs]` sets, within what the service allows.
+    pub fn from_config(fs: &FsConfig) -> ListOptions {
+        ListOptions {
+            page_size: fs.list_page_size.clamp(1, MAX_PAGE_SIZE) as i32,
+            parallel_threshold: fs.parallel_list_threshold,
+            workers: fs.parallel_list_workers.max(1) as usize,
+        }
+    }
+}
 
 /// One visible entry of a directory.
 #[derive(Debug, Clone, PartialEq)]
@@ -72,25 +96,74 @@ pub fn list_request(prefix: &str, page_size: i32) -> ListRequest {
     }
 }
 
-/// Lists directory `prefix` completely.
+/// Lists directory `prefix` completely: page by page while it looks small, then, past
+/// `opts.parallel_threshold` entries, the rest with `opts.workers` concurrent calls.
 pub async fn list_dir(
     client: &Client,
     bucket: &str,
     prefix: &str,
     warnings: &ShadowWarnings,
+    opts: ListOptions,
 ) -> gcs::Result<Listing> {
     let mut pages = Vec::new();
-    let mut stream = Box::pin(client.list(bucket, list_request(prefix, PAGE_SIZE)));
-    while let Some(page) = stream.next().await {
-        pages.push(page?);
+    let mut req = list_request(prefix, opts.page_size);
+    let mut seen = 0u64;
+    loop {
+        let page = client.list_page(bucket, &req).await?;
+        seen += (page.objects.len() + page.prefixes.len()) as u64;
+        let token = page.next_page_token.clone();
+        pages.push(page);
+        if token.is_empty() {
+            break;
+        }
+        if opts.workers > 1 && seen > opts.parallel_threshold {
+            let start = pages
+                .iter()
+                .rev()
+                .find_map(|p| {
+                    let o = p.objects.last().map(|o| o.name.as_str());
+                    o.max(p.prefixes.last().map(String::as_str))
+                })
+                .map(list_parallel::resume_after);
+            if let Some(start) = start {
+                let names = pages.iter().flat_map(|p| {
+                    let objects = p.objects.iter().map(|o| o.name.as_str());
+                    objects.chain(p.prefixes.iter().map(String::as_str))
+                });
+                let alphabet = list_parallel::alphabet_of(prefix, names);
+                let parallel = ParallelOptions {
+                    workers: opts.workers,
+                    page_size: opts.page_size,
+                };
+                let rest =
+                    list_parallel::list_from(client, bucket, prefix, start, alphabet, parallel)
+                        .await?;
+                pages.extend(rest);
+                break;
+            }
+        }
+        req.page_token = token;
     }
     Ok(merge(prefix, &pages, warnings))
 }
 
-/// Merges listing pages of directory `prefix` into its visible entries.
+/// Merges listing pages of directory `prefix` (in any order, entries possibly repeated, as
+/// a parallel listing returns them) into its visible entries.
 pub fn merge(prefix: &str, pages: &[ListPage], warnings: &ShadowWarnings) -> Listing {
-    let mut entries: BTreeMap<String, ListedEntry> = BTreeMap::new();
-    for page in pages {
+    // Pages of a parallel listing come in completion order: put them back in key order so
+    // the sort below only has to merge the few entries repeated across range boundaries.
+    let mut ordered: Vec<&ListPage> = pages.iter().collect();
+    ordered.sort_by_cached_key(|p| {
+        let o = p.objects.first().map(|o| o.name.as_str());
+        let d = p.prefixes.first().map(String::as_str);
+        match (o, d) {
+            (Some(o), Some(d)) => o.min(d),
+            (o, d) => o.or(d).unwrap_or(""),
+        }
+        .to_string()
+    });
+    let mut all: Vec<ListedEntry> = Vec::new();
+    for page in ordered {
         for p in &page.prefixes {
             let Some(name) = p
                 .strip_prefix(prefix)
@@ -98,49 +171,45 @@ pub fn merge(prefix: &str, pages: &[ListPage], warnings: &ShadowWarnings) -> Lis
             else {
                 continue;
             };
-            if !is_visible(name) {
-                continue;
-            }
-            if let Some(old) = entries.get(name) {
-                if old.kind == Kind::File {
-                    warnings.warn(&format!("{prefix}{name}"));
-                }
-            }
-            entries.insert(
-                name.to_string(),
-                ListedEntry {
+            if is_visible(name) {
+                all.push(ListedEntry {
                     name: name.to_string(),
                     kind: Kind::Dir,
                     meta: None,
-                },
-            );
+                });
+            }
         }
         for o in &page.objects {
-            let Some(name) = o.name.strip_prefix(prefix) else {
+            // The directory's own marker object (`prefix` itself) is not an entry.
+            let Some(name) = o.name.strip_prefix(prefix).filter(|n| is_visible(n)) else {
                 continue;
             };
-            // The directory's own marker object (`prefix` itself) is not an entry.
-            if !is_visible(name) {
-                continue;
-            }
-            match entries.get(name) {
-                Some(e) if e.kind == Kind::Dir => warnings.warn(&o.name),
-                _ => {
-                    entries.insert(
-                        name.to_string(),
-                        ListedEntry {
-                            name: name.to_string(),
-                            kind: Kind::File,
-                            meta: Some(ObjMeta::from(o)),
-                        },
-                    );
-                }
-            }
+            all.push(ListedEntry {
+                name: name.to_string(),
+                kind: Kind::File,
+                meta: Some(ObjMeta::from(o)),
+            });
         }
     }
-    Listing {
-        entries: entries.into_values().collect(),
+    // Now nearly sorted, which the stable sort finds cheaply; a directory sorts before a file
+    // of the same name so that it wins below.
+    all.sort_by(|a, b| {
+        a.name
+            .cmp(&b.name)
+            .then_with(|| (a.kind == Kind::File).cmp(&(b.kind == Kind::File)))
+    });
+    let mut entries: Vec<ListedEntry> = Vec::with_capacity(all.len());
+    for e in all {
+        match entries.last() {
+            Some(last) if last.name == e.name => {
+                if last.kind == Kind::Dir && e.kind == Kind::File {
+                    warnings.warn(&format!("{prefix}{}", e.name));
+                }
+            }
+            _ => entries.push(e),
+        }
     }
+    Listing { entries }
 }
 
 #[cfg(test)]
@@ -184,5 +253,24 @@ mod tests {
         assert_eq!(l.find("a").and_then(|e| e.meta).map(|m| m.size), Some(1));
         assert!(l.find("nope").is_none());
         assert!(w.0.lock().unwrap().contains("d/sub"));
+    }
+
+    #[test]
+    fn pages_in_any_order_with_repeats_merge_once_in_order() {
+        let page = |objects: Vec<ObjectMeta>, prefixes: Vec<&str>| ListPage {
+            objects,
+            prefixes: prefixes.into_iter().map(String::from).collect(),
+            next_page_token: String::new(),
+        };
+        // As two ranges cut inside `d/s/` return them: the prefix on both sides of the cut,
+        // the object a resumed request starts from twice, the later range first.
+        let pages = vec![
+            page(vec![obj("d/m", 5), obj("d/z", 6)], vec!["d/s/"]),
+            page(vec![obj("d/a", 1), obj("d/m", 5)], vec!["d/k/", "d/s/"]),
+        ];
+        let l = merge("d/", &pages, &ShadowWarnings::default());
+        let names: Vec<_> = l.entries.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(names, ["a", "k", "m", "s", "z"]);
+        assert_eq!(l.find("s").map(|e| e.kind), Some(Kind::Dir));
     }
 }

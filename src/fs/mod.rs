@@ -10,6 +10,7 @@
 mod dir;
 mod error;
 mod inode;
+mod list_parallel;
 mod names;
 mod namespace;
 mod pool;
@@ -28,7 +29,7 @@ pub use write_ops::SetAttr;
 use crate::config::Config;
 use crate::gcs::{self, Client};
 use bytes::Bytes;
-use dir::{list_dir, list_request, Listing, ShadowWarnings};
+use dir::{list_dir, list_request, merge, ListOptions, Listing, ShadowWarnings};
 use inode::{Inode, InodeTable, ObjMeta};
 use read::{Handle, ReadPath};
 use std::collections::HashMap;
@@ -142,6 +143,9 @@ struct Inner {
     root_key: String,
     inodes: InodeTable,
     listings: Option<moka::sync::Cache<u64, Arc<Listing>>>,
+    /// Directories found to hold more than one page: lookups in them do not list them.
+    large_dirs: Option<moka::sync::Cache<u64, ()>>,
+    list_options: ListOptions,
     negative: Option<moka::sync::Cache<(u64, String), ()>>,
     warnings: ShadowWarnings,
     reads: ReadPath,
@@ -207,6 +211,8 @@ impl Fs {
                 inodes: InodeTable::new(root.clone()),
                 root_key: root,
                 listings: ttl_cache(ms(fs.list_ttl_ms), 4096),
+                large_dirs: ttl_cache(ms(fs.list_ttl_ms), 4096),
+                list_options: ListOptions::from_config(fs),
                 negative: ttl_cache(ms(fs.negative_ttl_ms), 100_000),
                 warnings: ShadowWarnings::default(),
                 files: Mutex::new(HashMap::new()),
@@ -301,17 +307,7 @@ impl Fs {
         }
         let i = &self.inner;
         if let Some(listing) = i.listings.as_ref().and_then(|c| c.get(&parent)) {
-            let found = listing.find(name).ok_or(Errno::ENOENT)?;
-            let inode = match found.kind {
-                Kind::Dir => i
-                    .inodes
-                    .lookup(&names::dir_key(&dir.key(), name), Kind::Dir, None),
-                Kind::File => {
-                    i.inodes
-                        .lookup(&names::file_key(&dir.key(), name), Kind::File, found.meta)
-                }
-            };
-            return Ok(self.entry(&inode));
+            return self.lookup_in(&dir, &listing, name);
         }
         let neg_key = (parent, name.to_string());
         if i.negative
@@ -322,12 +318,42 @@ impl Fs {
         }
         let fkey = names::file_key(&dir.key(), name);
         let dkey = names::dir_key(&dir.key(), name);
-        // Finds empty folders too (see `namespace::dir_probe`).
-        let sub_req = namespace::dir_probe(&dkey);
-        let (obj, sub) = tokio::join!(
+        // A directory not known to be large is listed (one page) alongside the object: when
+        // that page is the whole directory it answers this lookup and every later one in the
+        // directory (a dataset's class folder costs one call, not two per file).
+        let list_whole = i.listings.is_some()
+            && !i
+                .large_dirs
+                .as_ref()
+                .is_some_and(|c| c.contains_key(&parent));
+        let first_req = if list_whole {
+            list_request(&dir.key(), i.list_options.page_size)
+        } else {
+            // Finds empty folders too (see `namespace::dir_probe`).
+            namespace::dir_probe(&dkey)
+        };
+        let (obj, first) = tokio::join!(
             i.client.get_object(&i.bucket, &fkey),
-            i.client.list_page(&i.bucket, &sub_req)
+            i.client.list_page(&i.bucket, &first_req)
         );
+        let sub = match (list_whole, first) {
+            (true, Ok(page)) if page.next_page_token.is_empty() => {
+                let listing = Arc::new(merge(&dir.key(), &[page], &i.warnings));
+                if let Some(c) = &i.listings {
+                    c.insert(parent, listing.clone());
+                }
+                return self.lookup_in(&dir, &listing, name);
+            }
+            (true, first) => {
+                if let (Ok(_), Some(c)) = (&first, &i.large_dirs) {
+                    c.insert(parent, ());
+                }
+                i.client
+                    .list_page(&i.bucket, &namespace::dir_probe(&dkey))
+                    .await
+            }
+            (false, first) => first,
+        };
         match (obj, sub) {
             (obj, Ok(page)) if page.prefixes.contains(&dkey) => {
                 if obj.is_ok() {
@@ -352,6 +378,22 @@ impl Fs {
                 Err(error::log_err("lookup", &fkey, &e))
             }
         }
+    }
+
+    /// Resolves `name` from `listing`, the listing of directory `dir`.
+    fn lookup_in(&self, dir: &Inode, listing: &Listing, name: &str) -> FsResult<Entry> {
+        let i = &self.inner;
+        let found = listing.find(name).ok_or(Errno::ENOENT)?;
+        let inode = match found.kind {
+            Kind::Dir => i
+                .inodes
+                .lookup(&names::dir_key(&dir.key(), name), Kind::Dir, None),
+            Kind::File => {
+                i.inodes
+                    .lookup(&names::file_key(&dir.key(), name), Kind::File, found.meta)
+            }
+        };
+        Ok(self.entry(&inode))
     }
 
     /// The kernel dropped `n` lookups of `ino`.
@@ -455,10 +497,16 @@ impl Fs {
             return Ok(l);
         }
         let dir = self.dir_inode(ino)?;
-        let listing = list_dir(&i.client, &i.bucket, &dir.key(), &i.warnings)
-            .await
-            .map(Arc::new)
-            .map_err(|e| error::log_err("list", &dir.key(), &e))?;
+        let listing = list_dir(
+            &i.client,
+            &i.bucket,
+            &dir.key(),
+            &i.warnings,
+            i.list_options,
+        )
+        .await
+        .map(Arc::new)
+        .map_err(|e| error::log_err("list", &dir.key(), &e))?;
         if let Some(c) = &i.listings {
             c.insert(ino, listing.clone());
         }

@@ -1,0 +1,602 @@
+#!/usr/bin/env python3
+"""Training-data workload benchmark of issue 9: a PyTorch DataLoader reading an
+image-folder-like dataset by plain paths, shuffled, decoding nothing, against what users would
+use instead.
+
+    python3 benches/workload.py            # full run: 3 runs of every row (well under 30 min)
+    python3 benches/workload.py --quick    # smoke run: small sample, 1 run (a few minutes)
+
+Dataset: 20,000 files in 100 class directories (train/cNNN/NNNNN.jpg), sizes 16 KiB..1 MiB,
+log-normal with a median of about 110 KiB, random bytes; generated once under
+target/workload-data and reused. Each pass reads the same fixed shuffled sample of N of them
+(`--sample`, printed in the table) with batch size 32 and reports samples/s, MB/s and time to
+first batch (from creating the iterator, so worker start-up counts).
+
+Rows, each with DataLoader workers 0, 2 and 4 unless said:
+  local cold       the dataset directory after `drop_caches` (read from the disk);
+  local warm       the same with the sample in the page cache;
+  rapidfs          a fresh `rapidfs mount` (caches dropped) of a separate `rapidfs emulator
+                   --memory` process preloaded with the dataset, at 0, 1 and 5 ms latency;
+  rapidfs+helper   the same with python/rapidfs_sampler.py's RapidfsSampler sending the order
+                   (0 ms with 4 workers; 5 ms with 2 and 4 workers);
+  google client    google-cloud-storage's AsyncMultiRangeDownloader (the engine of gcsfs on
+                   Rapid) against the same emulator: each worker process (or the main process
+                   with 0 workers) fetches its whole batch at once through `__getitems__`, one
+                   pooled bidi stream per object in flight, every object one range, all
+                   concurrently; same number of processes as the DataLoader;
+  raw rust         benches/workload_raw.rs: this crate's client, one process, 32 objects in
+                   flight, no FUSE (the ceiling), at 0, 1 and 5 ms;
+  4x budget        rapidfs+helper, 5 ms, 2 workers, with `cache.memory_mb` a quarter of the
+                   sample's bytes: emulator bytes sent / bytes read (emulator stats via
+                   `--stats-file` + SIGUSR1) and the daemon's peak RSS against budget + 64 MiB.
+
+Every figure is the median of the runs (min and max in the JSON); ratios are against rows of
+the same run. The emulator, the daemon and the DataLoader share the machine's cores.
+Writes target/bench-results/workload.json. Needs root (drop_caches, mounts), fuse3, and a
+Python with torch and google-cloud-storage[grpc] (tests/setup.sh's venv; the script re-runs
+itself under $RAPIDFS_PYTHON or ~/.cache/rapidfs/venv when its own Python lacks them).
+Talks to nothing but 127.0.0.1. Unmounts everything and stops the emulator on any exit.
+"""
+
+import argparse
+import glob
+import json
+import math
+import os
+import platform
+import random
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+KiB = 1 << 10
+MiB = 1 << 20
+FILES = 20_000
+CLASSES = 100
+BATCH = 32
+BUCKET = "bench"
+SEED = 9
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA = os.path.join(REPO, "target", "workload-data")
+
+
+def log(msg):
+    print(f"[workload {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# One pass, run in a fresh child process (`--pass SPEC`) so that torch, gRPC and the
+# DataLoader's worker processes start clean every time.
+
+
+class FileDataset:
+    """Reads whole files by path with 1 MiB unbuffered reads; returns the bytes."""
+
+    def __init__(self, paths):
+        self.paths = paths
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        out = bytearray()
+        with open(self.paths[i], "rb", buffering=0) as f:
+            while True:
+                b = f.read(MiB)
+                if not b:
+                    return bytes(out)
+                out += b
+
+
+class GcsDataset:
+    """The same samples through Google's async bidi client, as gcsfs reads Rapid objects:
+    a batch is fetched at once, one multi-range downloader (bidi stream) per object."""
+
+    def __init__(self, endpoint, names):
+        self.endpoint = endpoint
+        self.names = names
+        self._pid = None
+
+    def __len__(self):
+        return len(self.names)
+
+    def _start(self):
+        import asyncio
+        import threading
+
+        from google.api_core.client_options import ClientOptions
+        from google.auth.credentials import AnonymousCredentials
+        from google.cloud.storage.asyncio.async_grpc_client import AsyncGrpcClient
+
+        self._loop = asyncio.new_event_loop()
+        threading.Thread(target=self._loop.run_forever, daemon=True).start()
+
+        async def make():
+            return AsyncGrpcClient(credentials=AnonymousCredentials(),
+                                   client_options=ClientOptions(api_endpoint=self.endpoint))
+
+        self._client = asyncio.run_coroutine_threadsafe(make(), self._loop).result()
+        self._pid = os.getpid()
+
+    async def _one(self, name):
+        from io import BytesIO
+
+        from google.cloud.storage.asyncio.async_multi_range_downloader import (
+            AsyncMultiRangeDownloader,
+        )
+        mrd = await AsyncMultiRangeDownloader.create_mrd(self._client, BUCKET, name)
+        try:
+            buf = BytesIO()
+            await mrd.download_ranges([(0, 0, buf)])
+            return buf.getvalue()
+        finally:
+            await mrd.close()
+
+    async def _many(self, names):
+        import asyncio
+        return await asyncio.gather(*(self._one(n) for n in names))
+
+    def __getitems__(self, indices):
+        import asyncio
+        if self._pid != os.getpid():
+            self._start()
+        fut = asyncio.run_coroutine_threadsafe(self._many([self.names[i] for i in indices]),
+                                               self._loop)
+        return fut.result()
+
+    def __getitem__(self, i):
+        return self.__getitems__([i])[0]
+
+
+def collate(batch):
+    return batch
+
+
+def run_pass(spec):
+    from torch.utils.data import DataLoader
+
+    order = spec["order"]
+    if spec["kind"] == "gcs":
+        ds = GcsDataset(spec["endpoint"], spec["names"])
+    else:
+        ds = FileDataset(spec["paths"])
+    sampler = order
+    if spec.get("helper"):
+        sys.path.insert(0, os.path.join(REPO, "python"))
+        from rapidfs_sampler import RapidfsSampler
+        sampler = RapidfsSampler(order, spec["paths"], spec["mountpoint"])
+    workers = spec["workers"]
+    loader = DataLoader(ds, batch_size=BATCH, sampler=sampler, num_workers=workers,
+                        collate_fn=collate, prefetch_factor=2 if workers else None)
+    t0 = time.perf_counter()
+    first, samples, nbytes = None, 0, 0
+    for batch in loader:
+        if first is None:
+            first = time.perf_counter() - t0
+        samples += len(batch)
+        nbytes += sum(len(b) for b in batch)
+    secs = time.perf_counter() - t0
+    return {"seconds": secs, "samples": samples, "bytes": nbytes, "first_batch_seconds": first}
+
+
+# ---------------------------------------------------------------------------------------------
+# Environment: data, caches, processes, mounts.
+
+
+def sizes_of_dataset():
+    rng = random.Random(SEED)
+    out = []
+    for _ in range(FILES):
+        s = int(rng.lognormvariate(math.log(110 * KiB), 0.75))
+        out.append(min(max(s, 16 * KiB), MiB))
+    return out
+
+
+def rel_name(i):
+    return f"train/c{i % CLASSES:03d}/{i:05d}.jpg"
+
+
+def make_data(sizes):
+    manifest = os.path.join(DATA, ".manifest.json")
+    want = {"files": FILES, "classes": CLASSES, "seed": SEED, "bytes": sum(sizes)}
+    try:
+        with open(manifest) as f:
+            if json.load(f) == want:
+                return
+    except (OSError, ValueError):
+        pass
+    log(f"generating {FILES} files ({sum(sizes) / MiB:.0f} MiB) under {DATA}")
+    shutil.rmtree(DATA, ignore_errors=True)
+    for c in range(CLASSES):
+        os.makedirs(os.path.join(DATA, BUCKET, "train", f"c{c:03d}"))
+    for i, s in enumerate(sizes):
+        with open(os.path.join(DATA, BUCKET, rel_name(i)), "wb") as f:
+            f.write(os.urandom(s))
+    subprocess.run(["sync"], check=True)
+    with open(manifest, "w") as f:
+        json.dump(want, f)
+
+
+def drop_caches():
+    subprocess.run(["sync"], check=True)
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def is_mounted(path):
+    real = os.path.realpath(path)
+    with open("/proc/self/mounts") as f:
+        return any(line.split()[1] == real for line in f)
+
+
+def find_pid(words):
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+        except OSError:
+            continue
+        if argv and all(any(w == a or a.endswith("/" + w) for a in argv) for w in words):
+            return int(d)
+    return None
+
+
+def peak_rss_mib(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+class Env:
+    """Owns the emulator process and the mounts; `close()` undoes them all."""
+
+    def __init__(self, binary, work):
+        self.binary = binary
+        self.work = work
+        self.emulator = None
+        self.endpoint = None
+        self.stats_path = os.path.join(work, "emulator-stats.json")
+        self.mounts = {}
+        self.n = 0
+
+    def start_emulator(self, latency_us):
+        self.stop_emulator()
+        log_path = os.path.join(self.work, f"emulator-{latency_us}.log")
+        self.emulator = subprocess.Popen(
+            [self.binary, "emulator", "--memory", "--root", DATA, "--listen", "127.0.0.1:0",
+             "--latency-us", str(latency_us), "--stats-file", self.stats_path],
+            stdout=subprocess.PIPE, stderr=open(log_path, "w"), text=True)
+        line = self.emulator.stdout.readline()
+        m = re.search(r"listening on http://(127\.0\.0\.1:\d+)", line)
+        if not m:
+            raise RuntimeError(f"emulator did not start: {line.strip()!r} (see {log_path})")
+        self.endpoint = m.group(1)
+        log(f"emulator {self.endpoint} ({latency_us} us latency, dataset preloaded)")
+
+    def stats(self):
+        """The emulator's counters now (SIGUSR1, then wait for the file to change)."""
+        before = os.stat(self.stats_path).st_mtime_ns if os.path.exists(self.stats_path) else 0
+        os.kill(self.emulator.pid, signal.SIGUSR1)
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            try:
+                if os.stat(self.stats_path).st_mtime_ns != before:
+                    with open(self.stats_path) as f:
+                        return json.load(f)
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.01)
+        raise RuntimeError("the emulator did not write its stats")
+
+    def stop_emulator(self):
+        if self.emulator is not None and self.emulator.poll() is None:
+            self.emulator.terminate()
+            try:
+                self.emulator.wait(15)
+            except subprocess.TimeoutExpired:
+                self.emulator.kill()
+                self.emulator.wait()
+        self.emulator = None
+
+    def mount(self, memory_mb=None):
+        self.n += 1
+        mnt = os.path.join(self.work, f"mnt{self.n}")
+        os.makedirs(mnt)
+        cmd = [self.binary, "mount", BUCKET, mnt, "--endpoint", f"http://{self.endpoint}",
+               "--log-file", os.path.join(self.work, "mount.log")]
+        if memory_mb is not None:
+            cfg = os.path.join(self.work, f"mount{self.n}.toml")
+            with open(cfg, "w") as f:
+                f.write(f"[cache]\nmemory_mb = {memory_mb}\n")
+            cmd += ["--config", cfg]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        if r.returncode != 0:
+            raise RuntimeError(f"rapidfs mount failed: {r.stderr.strip()}")
+        self.mounts[mnt] = find_pid(["rapidfs", "mount", mnt])
+        return mnt
+
+    def unmount(self, mnt):
+        pid = self.mounts.pop(mnt, None)
+        for cmd in (["fusermount3", "-u", mnt], ["umount", mnt], ["umount", "-l", mnt]):
+            if not is_mounted(mnt):
+                break
+            subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+        if pid is not None:
+            deadline = time.time() + 10
+            while os.path.exists(f"/proc/{pid}") and time.time() < deadline:
+                time.sleep(0.05)
+            if os.path.exists(f"/proc/{pid}"):
+                os.kill(pid, signal.SIGKILL)
+        try:
+            os.rmdir(mnt)
+        except OSError:
+            pass
+
+    def close(self):
+        try:
+            for mnt in list(self.mounts):
+                self.unmount(mnt)
+        finally:
+            self.stop_emulator()
+
+
+# ---------------------------------------------------------------------------------------------
+# The rows.
+
+
+def child_pass(python, spec, work):
+    path = os.path.join(work, "pass.json")
+    with open(path, "w") as f:
+        json.dump(spec, f)
+    r = subprocess.run([python, os.path.abspath(__file__), "--pass", path],
+                       capture_output=True, text=True, timeout=1800)
+    if r.returncode != 0:
+        raise RuntimeError(f"pass {spec['kind']} failed: {r.stderr.strip()[-2000:]}")
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    if result["samples"] != len(spec["order"]):
+        raise RuntimeError(f"pass read {result['samples']} of {len(spec['order'])} samples")
+    return result
+
+
+def raw_pass(raw_binary, env, names, sizes, order, work):
+    path = os.path.join(work, "raw-names.txt")
+    with open(path, "w") as f:
+        for i in order:
+            f.write(f"{sizes[i]} {names[i]}\n")
+    r = subprocess.run([raw_binary, "--endpoint", f"http://{env.endpoint}", "--bucket", BUCKET,
+                        "--names", path, "--concurrency", "32", "--batch", str(BATCH)],
+                       capture_output=True, text=True, timeout=1800)
+    if r.returncode != 0:
+        raise RuntimeError(f"workload_raw failed: {r.stderr.strip()}")
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    return {"seconds": out["seconds"], "samples": out["files"], "bytes": out["bytes"],
+            "first_batch_seconds": out["first_batch_seconds"]}
+
+
+def find_raw_binary():
+    subprocess.run(["cargo", "bench", "--bench", "workload_raw", "--no-run"], cwd=REPO,
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    found = [p for p in glob.glob(os.path.join(REPO, "target/release/deps/workload_raw-*"))
+             if os.access(p, os.X_OK) and not p.endswith(".d")]
+    if not found:
+        raise RuntimeError("benches/workload_raw.rs did not build")
+    return max(found, key=os.path.getmtime)
+
+
+def median_row(results):
+    secs = [r["seconds"] for r in results]
+    med = sorted(results, key=lambda r: r["seconds"])[len(results) // 2]
+    return {
+        "samples_per_s": med["samples"] / med["seconds"],
+        "mb_per_s": med["bytes"] / 1e6 / med["seconds"],
+        "first_batch_s": statistics.median(r["first_batch_seconds"] for r in results),
+        "seconds": secs,
+        "min_seconds": min(secs),
+        "max_seconds": max(secs),
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small sample, one run")
+    ap.add_argument("--sample", type=int, help="files read per pass (default 1000, quick 200)")
+    ap.add_argument("--runs", type=int, help="runs of every row (default 3, quick 1)")
+    ap.add_argument("--pass", dest="pass_spec", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.pass_spec:
+        with open(args.pass_spec) as f:
+            print(json.dumps(run_pass(json.load(f))))
+        return
+
+    python = sys.executable
+    try:
+        import google.cloud.storage  # noqa: F401
+        import torch  # noqa: F401
+    except ImportError:
+        python = os.environ.get("RAPIDFS_PYTHON") or os.path.expanduser(
+            "~/.cache/rapidfs/venv/bin/python")
+        if not os.path.exists(python) or os.environ.get("RAPIDFS_WORKLOAD_REEXEC"):
+            sys.exit("workload: needs a Python with torch and google-cloud-storage[grpc] "
+                     "(run tests/setup.sh, or set RAPIDFS_PYTHON)")
+        os.environ["RAPIDFS_WORKLOAD_REEXEC"] = "1"
+        os.execv(python, [python, os.path.abspath(__file__), *sys.argv[1:]])
+    if os.geteuid() != 0:
+        sys.exit("workload: needs root (drop_caches, mounts)")
+    sample = args.sample or (200 if args.quick else 1000)
+    runs = args.runs or (1 if args.quick else 3)
+    if not 0 < sample <= FILES:
+        sys.exit(f"workload: --sample must be 1..{FILES}")
+
+    log("building rapidfs (release) and workload_raw")
+    subprocess.run(["cargo", "build", "--release", "--bin", "rapidfs"], cwd=REPO, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    binary = os.path.join(REPO, "target/release/rapidfs")
+    raw_binary = find_raw_binary()
+    sizes = sizes_of_dataset()
+    make_data(sizes)
+    names = [rel_name(i) for i in range(FILES)]
+    order = random.Random(SEED + 1).sample(range(FILES), sample)
+    sample_bytes = sum(sizes[i] for i in order)
+    local_root = os.path.join(DATA, BUCKET)
+    budget_mb = max(16, sample_bytes // MiB // 4)
+
+    work = tempfile.mkdtemp(prefix="rapidfs-workload-")
+    env = Env(binary, work)
+    results = {}  # row key -> [pass results]
+    extra = {}
+
+    def add(key, res):
+        results.setdefault(key, []).append(res)
+        log(f"{key}: {res['samples'] / res['seconds']:.0f} samples/s, first batch "
+            f"{res['first_batch_seconds']:.3f} s")
+
+    def on_signal(signum, _frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        for run in range(runs):
+            log(f"run {run + 1} of {runs}")
+            for w in (0, 2, 4):
+                paths = [os.path.join(local_root, n) for n in names]
+                drop_caches()
+                add(("local cold", 0, w), child_pass(python, {
+                    "kind": "files", "paths": paths, "order": order, "workers": w}, work))
+                add(("local warm", 0, w), child_pass(python, {
+                    "kind": "files", "paths": paths, "order": order, "workers": w}, work))
+            for lat in (0, 1000, 5000):
+                env.start_emulator(lat)
+                for w in (0, 2, 4):
+                    for helper in (False, True):
+                        if helper and not ((lat == 0 and w == 4) or (lat == 5000 and w >= 2)):
+                            continue
+                        mnt = env.mount()
+                        drop_caches()
+                        paths = [os.path.join(mnt, n) for n in names]
+                        key = ("rapidfs+helper" if helper else "rapidfs", lat, w)
+                        add(key, child_pass(python, {
+                            "kind": "files", "paths": paths, "order": order, "workers": w,
+                            "helper": helper, "mountpoint": mnt}, work))
+                        env.unmount(mnt)
+                    add(("google client", lat, w), child_pass(python, {
+                        "kind": "gcs", "endpoint": env.endpoint, "names": names, "order": order,
+                        "workers": w}, work))
+                add(("raw rust", lat, 1), raw_pass(raw_binary, env, names, sizes, order, work))
+                if lat == 5000:
+                    mnt = env.mount(memory_mb=budget_mb)
+                    drop_caches()
+                    before = env.stats()
+                    paths = [os.path.join(mnt, n) for n in names]
+                    res = child_pass(python, {
+                        "kind": "files", "paths": paths, "order": order, "workers": 2,
+                        "helper": True, "mountpoint": mnt}, work)
+                    after = env.stats()
+                    pid = env.mounts.get(mnt)
+                    rss = peak_rss_mib(pid) if pid else None
+                    env.unmount(mnt)
+                    fetched = after["bytes_sent"] - before["bytes_sent"]
+                    add(("4x budget, rapidfs+helper", lat, 2), res)
+                    extra.setdefault("four_x", []).append({
+                        "budget_mb": budget_mb, "sample_bytes": sample_bytes,
+                        "bytes_fetched": fetched, "fetched_ratio": fetched / sample_bytes,
+                        "peak_rss_mib": rss})
+            env.stop_emulator()
+    finally:
+        env.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+    report(results, extra, sample, sample_bytes, runs, budget_mb)
+
+
+def report(results, extra, sample, sample_bytes, runs, budget_mb):
+    rows = {k: median_row(v) for k, v in results.items()}
+    cores = os.cpu_count()
+    kernel = platform.release()
+    print(f"\nworkload benchmark: DataLoader, batch {BATCH}, {FILES} files "
+          f"(16 KiB..1 MiB, median ~110 KiB), each pass reads the same shuffled sample of "
+          f"{sample} files ({sample_bytes / MiB:.0f} MiB); median of {runs} run(s); "
+          f"{cores} cores shared by emulator, daemon and DataLoader; kernel {kernel}")
+    print(f"{'row':<28} {'latency':>8} {'workers':>7} {'samples/s':>10} {'MB/s':>8} "
+          f"{'1st batch s':>11}")
+    for (name, lat, w), r in rows.items():
+        lat_s = "-" if name.startswith("local") else f"{lat / 1000:g} ms"
+        w_s = "1 proc" if name == "raw rust" else str(w)
+        print(f"{name:<28} {lat_s:>8} {w_s:>7} {r['samples_per_s']:>10.0f} "
+              f"{r['mb_per_s']:>8.0f} {r['first_batch_s']:>11.3f}")
+
+    def sps(name, lat, w):
+        r = rows.get((name, lat, w))
+        return r["samples_per_s"] if r else None
+
+    def ratio(a, b):
+        return a / b if a and b else None
+
+    targets = [
+        ("rapidfs 4w 0 ms / local cold 4w", ratio(sps("rapidfs", 0, 4), sps("local cold", 0, 4)), 0.8),
+        ("rapidfs 4w 0 ms / google client 4w 0 ms",
+         ratio(sps("rapidfs", 0, 4), sps("google client", 0, 4)), 3.0),
+        ("rapidfs+helper 4w: 5 ms / 0 ms",
+         ratio(sps("rapidfs+helper", 5000, 4), sps("rapidfs+helper", 0, 4)), 0.7),
+        ("5 ms 2w: rapidfs+helper / rapidfs",
+         ratio(sps("rapidfs+helper", 5000, 2), sps("rapidfs", 5000, 2)), 3.0),
+    ]
+    print("\ntargets (ratios within this run):")
+    for what, val, target in targets:
+        shown = "not available" if val is None else f"{val:.2f}"
+        verdict = "" if val is None else ("met" if val >= target else "NOT met")
+        print(f"  {what:<44} {shown:>13}  (target >= {target:g}) {verdict}")
+    others = [
+        ("rapidfs 4w 0 ms / raw rust 0 ms", ratio(sps("rapidfs", 0, 4), sps("raw rust", 0, 1))),
+        ("rapidfs 4w 0 ms / local warm 4w", ratio(sps("rapidfs", 0, 4), sps("local warm", 0, 4))),
+    ]
+    for what, val in others:
+        shown = "not available" if val is None else f"{val:.2f}"
+        print(f"  {what:<44} {shown:>13}")
+    four = extra.get("four_x", [])
+    if four:
+        fr = statistics.median(x["fetched_ratio"] for x in four)
+        rss = [x["peak_rss_mib"] for x in four if x["peak_rss_mib"] is not None]
+        peak = max(rss) if rss else None
+        print(f"  4x budget: bytes fetched / bytes read       {fr:>13.3f}  (target <= 1.1) "
+              f"{'met' if fr <= 1.1 else 'NOT met'}")
+        if peak is not None:
+            print(f"  4x budget: daemon peak RSS {peak:.0f} MiB vs budget {budget_mb} + 64 MiB"
+                  f"  {'met' if peak <= budget_mb + 64 else 'NOT met'}")
+    out = {
+        "bench": "workload",
+        "cores": cores,
+        "kernel": kernel,
+        "loadavg": os.getloadavg(),
+        "config": {"files": FILES, "classes": CLASSES, "batch": BATCH, "sample": sample,
+                   "sample_bytes": sample_bytes, "runs": runs, "budget_4x_mb": budget_mb},
+        "rows": [{"row": k[0], "latency_us": k[1], "workers": k[2], **v, "passes": results[k]}
+                 for k, v in rows.items()],
+        "targets": [{"what": w, "value": v, "target": t} for w, v, t in targets],
+        "four_x_budget": four,
+    }
+    d = os.path.join(REPO, "target", "bench-results")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "workload.json"), "w") as f:
+        json.dump(out, f, indent=1)
+    print(f"wrote {os.path.join(d, 'workload.json')}")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except KeyboardInterrupt as e:
+        sys.exit(f"workload: interrupted ({e})")
+    except RuntimeError as e:
+        sys.exit(f"workload: {e}")
