@@ -582,6 +582,7 @@ fn reading_a_directory_in_listing_order_prefetches_the_next_files() {
     for i in 0..40u64 {
         env.put(BUCKET, &format!("seq/f{i:03}"), &data(300 + i, 30_000));
         env.put(BUCKET, &format!("shuf/f{i:03}"), &data(400 + i, 30_000));
+        env.put(BUCKET, &format!("pairs/f{i:03}"), &data(500 + i, 30_000));
     }
     let m = mount(&env, &env.config());
     let mut ctl = Ctl::connect(&m.socket());
@@ -595,6 +596,16 @@ fn reading_a_directory_in_listing_order_prefetches_the_next_files() {
         .collect();
     for &k in &order {
         assert_eq!(std::fs::read(&names[k]).expect("read").len(), 30_000);
+    }
+    // A shuffled epoch puts two neighbours together now and then: that alone starts nothing.
+    let pairs: Vec<_> = [(10, 11), (30, 31), (3, 4), (22, 23)]
+        .iter()
+        .flat_map(|&(a, b)| [a, b])
+        .map(|k| m.p(&format!("pairs/f{k:03}")))
+        .collect();
+    let _ = std::fs::read_dir(m.p("pairs")).expect("ls").count();
+    for p in &pairs {
+        assert_eq!(std::fs::read(p).expect("read").len(), 30_000);
     }
     let shuffled = ctl.call(json!({"op": "stats"}));
     assert_eq!(shuffled["prefetch_issued"], 0, "{shuffled}");
