@@ -287,7 +287,10 @@ fn a_scrape_during_reads_parses_and_counters_move() {
     let mnt = tempfile::tempdir().expect("tempdir");
     let addr = format!("127.0.0.1:{}", free_port());
     let mut child = Command::new(env!("CARGO_BIN_EXE_rapidfs"))
+        // No metadata caching: every round's lookups reach the service, so the gRPC series
+        // move between the two scrapes however well the listings would answer them.
         .args(["mount", BUCKET, "--foreground", "--memory-mb", "256"])
+        .args(["--metadata-ttl-ms", "0"])
         .arg(mnt.path())
         .args(["--endpoint", &env.emu().endpoint(), "--metrics-addr", &addr])
         .stdin(Stdio::null())

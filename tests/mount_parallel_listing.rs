@@ -196,3 +196,26 @@ fn lookups_by_path_list_a_small_directory_once() {
         s.get_object_calls
     );
 }
+
+/// A listing taken by a lookup answers for the names it holds for the listing TTL, but for a
+/// name it lacks only as long as a negative entry would: an object created elsewhere after
+/// the listing shows up once the negative TTL has passed, not the listing TTL.
+#[test]
+fn a_listing_hides_a_new_object_no_longer_than_the_negative_ttl() {
+    let env = Env::new(BUCKET);
+    env.put(BUCKET, "fresh/a", b"a");
+    let mut cfg = env.config();
+    cfg.fs.negative_ttl_ms = 300;
+    cfg.fs.list_ttl_ms = 600_000;
+    cfg.fs.kernel_entry_ttl_ms = 0;
+    cfg.fs.kernel_attr_ttl_ms = 0;
+    let m = env.mount(BUCKET, &cfg);
+    assert!(m.p("fresh/a").is_file());
+    assert!(!m.p("fresh/b").exists(), "not created yet");
+    env.put(BUCKET, "fresh/b", b"bb");
+    std::thread::sleep(std::time::Duration::from_millis(600));
+    let md = std::fs::metadata(m.p("fresh/b"))
+        .expect("created elsewhere, visible after the negative TTL");
+    assert_eq!(md.len(), 2);
+    assert!(m.p("fresh/a").is_file());
+}

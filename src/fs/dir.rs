@@ -48,10 +48,12 @@ pub struct ListedEntry {
 }
 
 /// A directory's visible entries, sorted by name.
-#[derive(Debug, Default, PartialEq)]
+#[derive(Debug)]
 pub struct Listing {
     /// The entries, sorted by name (byte order), names unique.
     pub entries: Vec<ListedEntry>,
+    /// When the listing was taken: it vouches for a name's absence only briefly.
+    pub listed_at: std::time::Instant,
 }
 
 impl Listing {
@@ -209,7 +211,10 @@ pub fn merge(prefix: &str, pages: &[ListPage], warnings: &ShadowWarnings) -> Lis
             _ => entries.push(e),
         }
     }
-    Listing { entries }
+    Listing {
+        entries,
+        listed_at: std::time::Instant::now(),
+    }
 }
 
 #[cfg(test)]

@@ -147,6 +147,8 @@ struct Inner {
     large_dirs: Option<moka::sync::Cache<u64, ()>>,
     list_options: ListOptions,
     negative: Option<moka::sync::Cache<(u64, String), ()>>,
+    /// How long a name found missing stays missing, in the negative cache or in a listing.
+    negative_ttl: Duration,
     warnings: ShadowWarnings,
     reads: ReadPath,
     files: Mutex<HashMap<u64, Arc<Handle>>>,
@@ -214,6 +216,7 @@ impl Fs {
                 large_dirs: ttl_cache(ms(fs.list_ttl_ms), 4096),
                 list_options: ListOptions::from_config(fs),
                 negative: ttl_cache(ms(fs.negative_ttl_ms), 100_000),
+                negative_ttl: ms(fs.negative_ttl_ms),
                 warnings: ShadowWarnings::default(),
                 files: Mutex::new(HashMap::new()),
                 dirs: Mutex::new(HashMap::new()),
@@ -307,7 +310,13 @@ impl Fs {
         }
         let i = &self.inner;
         if let Some(listing) = i.listings.as_ref().and_then(|c| c.get(&parent)) {
-            return self.lookup_in(&dir, &listing, name);
+            // A listing answers for the names it holds as long as it is kept, but for a name
+            // it lacks only as long as a negative entry would: an object created elsewhere
+            // then shows up as soon as it would without the listing.
+            match self.lookup_in(&dir, &listing, name) {
+                Err(Errno::ENOENT) if listing.listed_at.elapsed() >= i.negative_ttl => {}
+                found => return found,
+            }
         }
         let neg_key = (parent, name.to_string());
         if i.negative
