@@ -497,6 +497,32 @@ fn utf8(name: &OsStr) -> Option<String> {
 }
 
 impl FuseAdapter {
+    /// `unlink` and `rmdir`: one name of a directory removed by `call`, answered with
+    /// success or an errno.
+    fn remove<F, Fut>(
+        &self,
+        op: &'static str,
+        parent: INodeNo,
+        name: &OsStr,
+        reply: ReplyEmpty,
+        call: F,
+    ) where
+        F: FnOnce(Fs, u64, String) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = FsResult<()>> + Send,
+    {
+        let Some(name) = utf8(name) else {
+            return reply.error(Errno::ENOENT);
+        };
+        let fs = self.fs.clone();
+        let t0 = Instant::now();
+        self.rt.spawn(async move {
+            match metered(op, t0, call(fs, parent.0, name).await, nothing) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(e)),
+            }
+        });
+    }
+
     /// `flush` (each `close(2)`) and `fsync`: answered once every written byte is persisted.
     fn sync(&self, op: &'static str, fh: FileHandle, reply: ReplyEmpty) {
         let t0 = Instant::now();
@@ -669,31 +695,23 @@ impl Filesystem for FuseAdapter {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let Some(name) = utf8(name) else {
-            return reply.error(Errno::ENOENT);
-        };
-        let fs = self.fs.clone();
-        let t0 = Instant::now();
-        self.rt.spawn(async move {
-            match metered("unlink", t0, fs.unlink(parent.0, &name).await, nothing) {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(e)),
-            }
-        });
+        self.remove(
+            "unlink",
+            parent,
+            name,
+            reply,
+            |fs, parent, name| async move { fs.unlink(parent, &name).await },
+        );
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let Some(name) = utf8(name) else {
-            return reply.error(Errno::ENOENT);
-        };
-        let fs = self.fs.clone();
-        let t0 = Instant::now();
-        self.rt.spawn(async move {
-            match metered("rmdir", t0, fs.rmdir(parent.0, &name).await, nothing) {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(e)),
-            }
-        });
+        self.remove(
+            "rmdir",
+            parent,
+            name,
+            reply,
+            |fs, parent, name| async move { fs.rmdir(parent, &name).await },
+        );
     }
 
     fn symlink(

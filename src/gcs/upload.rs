@@ -12,6 +12,7 @@
 //! Touches only its own stream and the file it is given (read only).
 
 use super::retry::{self, Backoff};
+use super::writer::Fail;
 use super::writer::MAX_CHUNK;
 use super::{bucket_path, object_url, routing, Client, Error, ObjectMeta, Result};
 use crate::proto::storage::{
@@ -30,18 +31,6 @@ use tonic::Status;
 
 /// Request messages queued towards the stream (each up to 2 MiB) before reading waits.
 const SEND_QUEUE: usize = 4;
-
-/// Why an attempt failed: the stream (maybe worth another attempt) or for good.
-enum Fail {
-    Stream(Status),
-    Fatal(Error),
-}
-
-impl From<Status> for Fail {
-    fn from(s: Status) -> Self {
-        Fail::Stream(s)
-    }
-}
 
 impl Client {
     /// Uploads the first `len` bytes of `file` as a new finalized generation of `object`.

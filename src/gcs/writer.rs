@@ -32,9 +32,12 @@ const REDIRECT_TYPE: &str = "google.storage.v2.BidiWriteObjectRedirectedError";
 /// Request messages queued towards the HTTP/2 stream before `append` waits.
 const SEND_QUEUE: usize = 8;
 
-/// Why an attempt failed: the stream (worth a reconnect, maybe) or for good.
-enum Fail {
+/// Why an attempt failed: the stream (worth a reconnect, maybe) or for good. Shared by the
+/// appendable writer and the whole-file upload.
+pub(super) enum Fail {
+    /// The stream broke; another attempt may succeed.
     Stream(Status),
+    /// Nothing will get better by trying again.
     Fatal(Error),
 }
 
