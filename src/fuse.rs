@@ -492,6 +492,16 @@ fn file_attr(a: &Attr) -> FileAttr {
 }
 
 /// Object names are UTF-8: a name that is not cannot exist in the bucket.
+/// Answers a request that names an entry (lookup, mkdir, mknod) with its attributes.
+fn reply_entry(reply: ReplyEntry, e: &crate::fs::Entry) {
+    reply.entry_with_ttls(
+        &e.attr_ttl,
+        &e.entry_ttl,
+        &file_attr(&e.attr),
+        Generation(0),
+    );
+}
+
 fn utf8(name: &OsStr) -> Option<String> {
     name.to_str().map(str::to_string)
 }
@@ -567,12 +577,7 @@ impl Filesystem for FuseAdapter {
         let fs = self.fs.clone();
         self.rt.spawn(async move {
             match metered("lookup", t0, fs.lookup(parent.0, &name).await, nothing) {
-                Ok(e) => reply.entry_with_ttls(
-                    &e.attr_ttl,
-                    &e.entry_ttl,
-                    &file_attr(&e.attr),
-                    Generation(0),
-                ),
+                Ok(e) => reply_entry(reply, &e),
                 Err(e) => reply.error(errno(e)),
             }
         });
@@ -655,12 +660,7 @@ impl Filesystem for FuseAdapter {
             match metered("mknod", t0, created, nothing) {
                 Ok((e, o)) => {
                     fs.release_write(o.fh).await;
-                    reply.entry_with_ttls(
-                        &e.attr_ttl,
-                        &e.entry_ttl,
-                        &file_attr(&e.attr),
-                        Generation(0),
-                    )
+                    reply_entry(reply, &e)
                 }
                 Err(e) => reply.error(errno(e)),
             }
@@ -683,12 +683,7 @@ impl Filesystem for FuseAdapter {
         let t0 = Instant::now();
         self.rt.spawn(async move {
             match metered("mkdir", t0, fs.mkdir(parent.0, &name).await, nothing) {
-                Ok(e) => reply.entry_with_ttls(
-                    &e.attr_ttl,
-                    &e.entry_ttl,
-                    &file_attr(&e.attr),
-                    Generation(0),
-                ),
+                Ok(e) => reply_entry(reply, &e),
                 Err(e) => reply.error(errno(e)),
             }
         });
