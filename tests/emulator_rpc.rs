@@ -390,6 +390,41 @@ async fn list_objects_prefix_delimiter_pages_and_folders() {
 }
 
 #[tokio::test]
+async fn list_objects_sends_only_the_fields_a_read_mask_names() {
+    let emu = memory().await;
+    emu.put_object("b", "x", Bytes::from_static(b"hello"))
+        .unwrap();
+    let mut c = client(&emu).await;
+    let full = c
+        .list_objects(routed("b", list_req("", "")))
+        .await
+        .unwrap()
+        .into_inner();
+    let o = &full.objects[0];
+    assert_eq!((o.name.as_str(), o.size), ("x", 5));
+    assert!(!o.bucket.is_empty() && !o.etag.is_empty() && o.update_time.is_some());
+    let mut q = list_req("", "");
+    q.read_mask = Some(prost_types::FieldMask {
+        paths: vec!["size".into(), "generation".into()],
+    });
+    let masked = c.list_objects(routed("b", q)).await.unwrap().into_inner();
+    let m = &masked.objects[0];
+    // The name always comes; nothing the mask leaves out does.
+    assert_eq!(
+        (m.name.as_str(), m.size, m.generation),
+        ("x", 5, o.generation)
+    );
+    assert!(m.bucket.is_empty() && m.etag.is_empty() && m.storage_class.is_empty());
+    assert!(m.update_time.is_none() && m.checksums.is_none());
+    let mut q = list_req("", "");
+    q.read_mask = Some(prost_types::FieldMask {
+        paths: vec!["*".into()],
+    });
+    let star = c.list_objects(routed("b", q)).await.unwrap().into_inner();
+    assert_eq!(star.objects, full.objects);
+}
+
+#[tokio::test]
 async fn delete_and_move_follow_preconditions() {
     let emu = memory().await;
     let g = emu

@@ -1,66 +1,36 @@
 //! ListObjects over one bucket's index: prefix, delimiter (objects grouped into prefixes),
-//! folders as prefixes, lexicographic start/end, and pages with opaque tokens. Pure: reads
-//! the index it is given.
+//! folders as prefixes, lexicographic start/end, read masks, and pages with opaque tokens.
+//! Pure: reads the index it is given.
 
-use super::store::{to_proto, BucketState};
+use super::store::{to_proto_masked, BucketState, Entry, ObjectFields};
 use crate::proto::storage::{ListObjectsRequest, ListObjectsResponse};
+use std::collections::btree_map::Range;
+use std::iter::Peekable;
 use std::ops::Bound;
+use std::time::SystemTime;
 use tonic::Status;
 
 /// Items per page when the request does not say.
 const DEFAULT_PAGE_SIZE: usize = 1000;
 
-/// One listed item.
-enum Item {
-    Object(String),
-    Prefix(String),
+/// A page token: the name the next page starts at (inclusive), hex-encoded so that any name
+/// survives the round trip.
+fn token(resume_at: &str) -> String {
+    resume_at.bytes().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Where the next search starts.
-#[derive(Clone)]
-enum From {
-    Included(String),
-    Excluded(String),
-}
-
-impl From {
-    fn bound(&self) -> (Bound<&str>, Bound<&str>) {
-        match self {
-            From::Included(s) => (Bound::Included(s.as_str()), Bound::Unbounded),
-            From::Excluded(s) => (Bound::Excluded(s.as_str()), Bound::Unbounded),
-        }
+/// The name a page token resumes at.
+fn parse_token(token: &str) -> Result<String, Status> {
+    let bad = || Status::invalid_argument(format!("invalid page_token {token:?}"));
+    if token.len() % 2 != 0 {
+        return Err(bad());
     }
-
-    fn token(&self) -> String {
-        let (tag, key) = match self {
-            From::Included(s) => ('i', s),
-            From::Excluded(s) => ('x', s),
-        };
-        let mut out = String::from(tag);
-        for b in key.as_bytes() {
-            out.push_str(&format!("{b:02x}"));
-        }
-        out
-    }
-
-    fn parse(token: &str) -> Result<From, Status> {
-        let bad = || Status::invalid_argument(format!("invalid page_token {token:?}"));
-        let (tag, hex) = token.split_at_checked(1).ok_or_else(bad)?;
-        if hex.len() % 2 != 0 {
-            return Err(bad());
-        }
-        let bytes = (0..hex.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(hex.get(i..i + 2).unwrap_or("zz"), 16))
-            .collect::<Result<Vec<u8>, _>>()
-            .map_err(|_| bad())?;
-        let key = String::from_utf8(bytes).map_err(|_| bad())?;
-        match tag {
-            "i" => Ok(From::Included(key)),
-            "x" => Ok(From::Excluded(key)),
-            _ => Err(bad()),
-        }
-    }
+    let bytes = (0..token.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(token.get(i..i + 2).unwrap_or("zz"), 16))
+        .collect::<Result<Vec<u8>, _>>()
+        .map_err(|_| bad())?;
+    String::from_utf8(bytes).map_err(|_| bad())
 }
 
 /// The smallest string greater than every string starting with `p`.
@@ -79,7 +49,60 @@ fn successor(p: &str) -> Option<String> {
     None
 }
 
-/// Lists `b` as the request asks.
+/// Objects and folders from one key on, in key order; skipping to a later key re-seeks.
+struct Cursor<'a> {
+    b: &'a BucketState,
+    objects: Peekable<Range<'a, String, Entry>>,
+    folders: Option<Peekable<Range<'a, String, SystemTime>>>,
+}
+
+impl<'a> Cursor<'a> {
+    fn new(b: &'a BucketState, from: &str, with_folders: bool) -> Self {
+        let bounds = (Bound::Included(from), Bound::Unbounded);
+        Cursor {
+            b,
+            objects: b.objects.range::<str, _>(bounds).peekable(),
+            folders: with_folders.then(|| b.folders.range::<str, _>(bounds).peekable()),
+        }
+    }
+
+    /// The next key, with its entry when it is an object (an object wins over a folder of the
+    /// same name).
+    fn peek(&mut self) -> Option<(&'a str, Option<&'a Entry>)> {
+        let obj = self.objects.peek().map(|(k, e)| (k.as_str(), *e));
+        let fold = self
+            .folders
+            .as_mut()
+            .and_then(|f| f.peek())
+            .map(|(k, _)| k.as_str());
+        match (obj, fold) {
+            (Some((o, _)), Some(f)) if f < o => Some((f, None)),
+            (Some((o, e)), _) => Some((o, Some(e))),
+            (None, Some(f)) => Some((f, None)),
+            (None, None) => None,
+        }
+    }
+
+    /// Moves past `key` (in both indexes).
+    fn advance_past(&mut self, key: &str) {
+        if self.objects.peek().is_some_and(|(k, _)| k.as_str() == key) {
+            self.objects.next();
+        }
+        if let Some(f) = self.folders.as_mut() {
+            if f.peek().is_some_and(|(k, _)| k.as_str() == key) {
+                f.next();
+            }
+        }
+    }
+
+    /// Moves to the first key at or after `from`.
+    fn seek(&mut self, from: &str) {
+        *self = Cursor::new(self.b, from, self.folders.is_some());
+    }
+}
+
+/// Lists `b` as the request asks. Walks the index once, re-seeking only to skip the rest of a
+/// group that became a prefix.
 pub(crate) fn list(
     bucket: &str,
     b: &BucketState,
@@ -95,36 +118,22 @@ pub(crate) fn list(
     };
     let prefix = req.prefix.as_str();
     let delimiter = req.delimiter.as_str();
-    let folders = req.include_folders_as_prefixes && !delimiter.is_empty();
-    let mut from = if req.page_token.is_empty() {
-        From::Included(prefix.max(req.lexicographic_start.as_str()).to_string())
+    let fields = ObjectFields::from_mask(req.read_mask.as_ref());
+    let from = if req.page_token.is_empty() {
+        prefix.max(req.lexicographic_start.as_str()).to_string()
     } else {
-        From::parse(&req.page_token)?
+        parse_token(&req.page_token)?
     };
     let end = req.lexicographic_end.as_str();
+    let mut cursor = Cursor::new(
+        b,
+        &from,
+        req.include_folders_as_prefixes && !delimiter.is_empty(),
+    );
     let mut resp = ListObjectsResponse::default();
     let mut count = 0;
-    loop {
-        let obj = b
-            .objects
-            .range::<str, _>(from.bound())
-            .next()
-            .map(|(k, _)| k);
-        let fold = if folders {
-            b.folders
-                .range::<str, _>(from.bound())
-                .next()
-                .map(|(k, _)| k)
-        } else {
-            None
-        };
-        let (key, is_folder) = match (obj, fold) {
-            (Some(o), Some(f)) if f < o => (f, true),
-            (Some(o), _) => (o, false),
-            (None, Some(f)) => (f, true),
-            (None, None) => break,
-        };
-        if !key.starts_with(prefix) || (!end.is_empty() && key.as_str() >= end) {
+    while let Some((key, entry)) = cursor.peek() {
+        if !key.starts_with(prefix) || (!end.is_empty() && key >= end) {
             break;
         }
         let rest = &key[prefix.len()..];
@@ -134,35 +143,29 @@ pub(crate) fn list(
             rest.find(delimiter)
                 .map(|i| &key[..prefix.len() + i + delimiter.len()])
         };
-        let (item, next) = match group {
-            Some(g) => (
-                Item::Prefix(g.to_string()),
-                match successor(g) {
-                    Some(s) => From::Included(s),
-                    None => break,
-                },
-            ),
+        match (group, entry) {
             // A folder that is not below a delimiter is the prefix itself: not listed.
-            None if is_folder => {
-                from = From::Excluded(key.clone());
+            (None, None) => {
+                cursor.advance_past(key);
                 continue;
             }
-            None => (Item::Object(key.clone()), From::Excluded(key.clone())),
-        };
-        if count == page_size {
-            resp.next_page_token = from.token();
-            break;
-        }
-        match item {
-            Item::Object(name) => {
-                if let Some(e) = b.objects.get(&name) {
-                    resp.objects.push(to_proto(bucket, &name, e));
+            _ if count == page_size => {
+                resp.next_page_token = token(group.unwrap_or(key));
+                break;
+            }
+            (Some(g), _) => {
+                resp.prefixes.push(g.to_string());
+                match successor(g) {
+                    Some(next) => cursor.seek(&next),
+                    None => break,
                 }
             }
-            Item::Prefix(p) => resp.prefixes.push(p),
+            (None, Some(e)) => {
+                resp.objects.push(to_proto_masked(bucket, key, e, &fields));
+                cursor.advance_past(key);
+            }
         }
         count += 1;
-        from = next;
     }
     Ok(resp)
 }
