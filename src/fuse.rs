@@ -897,15 +897,13 @@ impl Filesystem for FuseAdapter {
         let t0 = Instant::now();
         let fs = self.fs.clone();
         self.rt.spawn(async move {
-            match metered("readdir", t0, fs.readdir(fh.0, offset).await, nothing) {
-                Ok(items) => {
-                    for it in items {
-                        if reply.add(INodeNo(it.ino), it.offset, file_type(it.kind), &it.name) {
-                            break;
-                        }
-                    }
-                    reply.ok()
-                }
+            let listed = fs
+                .readdir(fh.0, offset, |it| {
+                    reply.add(INodeNo(it.ino), it.offset, file_type(it.kind), it.name)
+                })
+                .await;
+            match metered("readdir", t0, listed, nothing) {
+                Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(e)),
             }
         });
@@ -927,7 +925,7 @@ impl Filesystem for FuseAdapter {
                     reply.add(
                         INodeNo(it.ino),
                         it.offset,
-                        &it.name,
+                        it.name,
                         &e.entry_ttl,
                         &file_attr(&e.attr),
                         Generation(0),

@@ -137,80 +137,107 @@ pub async fn list_dir(
                     workers: opts.workers,
                     page_size: opts.page_size,
                 };
-                let rest =
-                    list_parallel::list_from(client, bucket, prefix, start, alphabet, parallel)
-                        .await?;
-                pages.extend(rest);
-                break;
+                let dir = prefix.to_string();
+                let mut runs = list_parallel::list_from(
+                    client,
+                    bucket,
+                    prefix,
+                    start,
+                    alphabet,
+                    parallel,
+                    move |page| page_entries(&dir, page),
+                )
+                .await?;
+                runs.extend(pages.into_iter().map(|p| page_entries(prefix, p)));
+                return Ok(merge_runs(prefix, runs, warnings));
             }
         }
         req.page_token = token;
     }
-    Ok(merge(prefix, &pages, warnings))
+    Ok(merge(prefix, pages, warnings))
 }
 
 /// Merges listing pages of directory `prefix` (in any order, entries possibly repeated, as
 /// a parallel listing returns them) into its visible entries.
-pub fn merge(prefix: &str, pages: &[ListPage], warnings: &ShadowWarnings) -> Listing {
-    // Pages of a parallel listing come in completion order: put them back in key order so
-    // the sort below only has to merge the few entries repeated across range boundaries.
-    let mut ordered: Vec<&ListPage> = pages.iter().collect();
-    ordered.sort_by_cached_key(|p| {
-        let o = p.objects.first().map(|o| o.name.as_str());
-        let d = p.prefixes.first().map(String::as_str);
-        match (o, d) {
-            (Some(o), Some(d)) => o.min(d),
-            (o, d) => o.or(d).unwrap_or(""),
-        }
-        .to_string()
-    });
-    let mut all: Vec<ListedEntry> = Vec::new();
-    for page in ordered {
-        for p in &page.prefixes {
-            let Some(name) = p
-                .strip_prefix(prefix)
-                .and_then(|rest| rest.strip_suffix('/'))
-            else {
-                continue;
-            };
-            if is_visible(name) {
-                all.push(ListedEntry {
-                    name: name.to_string(),
-                    kind: Kind::Dir,
-                    meta: None,
-                });
-            }
-        }
-        for o in &page.objects {
-            // The directory's own marker object (`prefix` itself) is not an entry.
-            let Some(name) = o.name.strip_prefix(prefix).filter(|n| is_visible(n)) else {
-                continue;
-            };
-            all.push(ListedEntry {
-                name: name.to_string(),
-                kind: Kind::File,
-                meta: Some(ObjMeta::from(o)),
+pub fn merge(prefix: &str, pages: Vec<ListPage>, warnings: &ShadowWarnings) -> Listing {
+    let runs = pages.into_iter().map(|p| page_entries(prefix, p)).collect();
+    merge_runs(prefix, runs, warnings)
+}
+
+/// The visible entries of one page of directory `prefix`, sorted (see `entry_order`). Names
+/// are trimmed in place, not copied.
+pub fn page_entries(prefix: &str, page: ListPage) -> Vec<ListedEntry> {
+    let below = |mut name: String| {
+        name.starts_with(prefix).then(|| {
+            name.drain(..prefix.len());
+            name
+        })
+    };
+    let mut entries = Vec::with_capacity(page.objects.len() + page.prefixes.len());
+    for p in page.prefixes {
+        let Some(mut name) = below(p).filter(|n| n.ends_with('/')) else {
+            continue;
+        };
+        name.pop();
+        if is_visible(&name) {
+            entries.push(ListedEntry {
+                name,
+                kind: Kind::Dir,
+                meta: None,
             });
         }
     }
-    // Now nearly sorted, which the stable sort finds cheaply; a directory sorts before a file
-    // of the same name so that it wins below.
-    all.sort_by(|a, b| {
-        a.name
-            .cmp(&b.name)
-            .then_with(|| (a.kind == Kind::File).cmp(&(b.kind == Kind::File)))
-    });
-    let mut entries: Vec<ListedEntry> = Vec::with_capacity(all.len());
-    for e in all {
-        match entries.last() {
-            Some(last) if last.name == e.name => {
-                if last.kind == Kind::Dir && e.kind == Kind::File {
-                    warnings.warn(&format!("{prefix}{}", e.name));
-                }
-            }
-            _ => entries.push(e),
-        }
+    for mut o in page.objects {
+        let meta = ObjMeta::from(&o);
+        // The directory's own marker object (`prefix` itself) is not an entry.
+        let Some(name) = below(std::mem::take(&mut o.name)).filter(|n| is_visible(n)) else {
+            continue;
+        };
+        entries.push(ListedEntry {
+            name,
+            kind: Kind::File,
+            meta: Some(meta),
+        });
     }
+    entries.sort_by(entry_order);
+    entries
+}
+
+/// By name; a directory before a file of the same name, so that it wins in `merge_runs`.
+fn entry_order(a: &ListedEntry, b: &ListedEntry) -> std::cmp::Ordering {
+    a.name
+        .cmp(&b.name)
+        .then_with(|| (a.kind == Kind::File).cmp(&(b.kind == Kind::File)))
+}
+
+/// Merges the sorted runs of entries of directory `prefix` (`page_entries` of its pages, in
+/// any order, entries possibly repeated across runs) into its listing. Runs of disjoint key
+/// ranges put in order of their first names are already in order, so the usual cost is one
+/// pass that checks it and one that drops repeats: a large directory's merge is a serial
+/// step after all its listing calls.
+pub fn merge_runs(
+    prefix: &str,
+    mut runs: Vec<Vec<ListedEntry>>,
+    warnings: &ShadowWarnings,
+) -> Listing {
+    runs.retain(|r| !r.is_empty());
+    runs.sort_by(|a, b| entry_order(&a[0], &b[0]));
+    let mut entries = Vec::with_capacity(runs.iter().map(Vec::len).sum());
+    for run in runs {
+        entries.extend(run);
+    }
+    if !entries.is_sorted_by(|a, b| entry_order(a, b).is_le()) {
+        entries.sort_by(entry_order);
+    }
+    entries.dedup_by(|later, kept| {
+        if later.name != kept.name {
+            return false;
+        }
+        if kept.kind == Kind::Dir && later.kind == Kind::File {
+            warnings.warn(&format!("{prefix}{}", later.name));
+        }
+        true
+    });
     Listing {
         entries,
         listed_at: std::time::Instant::now(),
@@ -251,7 +278,7 @@ mod tests {
             },
         ];
         let w = ShadowWarnings::default();
-        let l = merge("d/", &pages, &w);
+        let l = merge("d/", pages, &w);
         let names: Vec<_> = l.entries.iter().map(|e| e.name.as_str()).collect();
         assert_eq!(names, ["a", "implicit", "sub", "z"]);
         assert_eq!(l.find("sub").map(|e| e.kind), Some(Kind::Dir));
@@ -273,7 +300,7 @@ mod tests {
             page(vec![obj("d/m", 5), obj("d/z", 6)], vec!["d/s/"]),
             page(vec![obj("d/a", 1), obj("d/m", 5)], vec!["d/k/", "d/s/"]),
         ];
-        let l = merge("d/", &pages, &ShadowWarnings::default());
+        let l = merge("d/", pages, &ShadowWarnings::default());
         let names: Vec<_> = l.entries.iter().map(|e| e.name.as_str()).collect();
         assert_eq!(names, ["a", "k", "m", "s", "z"]);
         assert_eq!(l.find("s").map(|e| e.kind), Some(Kind::Dir));

@@ -9,8 +9,10 @@
 //! narrowed with a few one-entry probes (which prefix of the last key seen do all the names
 //! left share?), since a midpoint towards "anything" would land past every real name.
 //!
-//! Returns raw pages (in no particular order, a prefix possibly on both sides of a cut);
-//! `dir::merge` orders and deduplicates them. Touches only `gcs::Client` listing calls.
+//! Hands each page, as it arrives, to the caller's conversion (on the worker that listed it,
+//! so converting overlaps with the other workers' calls) and returns the converted pages in
+//! no particular order, a prefix possibly on both sides of a cut; `dir::merge_runs` orders
+//! and deduplicates them. Touches only `gcs::Client` listing calls.
 
 use crate::gcs::{self, Client, ListPage, ListRequest};
 use std::collections::BTreeSet;
@@ -201,14 +203,20 @@ fn span(dir: &str, r: &Range, alphabet: &[char]) -> (std::cmp::Reverse<usize>, f
 
 /// Lists directory `prefix` from `start` (inclusive) to its end with `opts.workers`
 /// concurrent workers; `alphabet` spells the split keys (the characters of the names seen).
-pub async fn list_from(
+/// Every page is passed through `convert` as soon as it arrives.
+pub async fn list_from<T, F>(
     client: &Client,
     bucket: &str,
     prefix: &str,
     start: String,
     alphabet: Vec<char>,
     opts: ParallelOptions,
-) -> gcs::Result<Vec<ListPage>> {
+    convert: F,
+) -> gcs::Result<Vec<T>>
+where
+    T: Send + 'static,
+    F: Fn(ListPage) -> T + Send + Sync + 'static,
+{
     let workers = opts.workers.max(1);
     let shared = Shared {
         client: client.clone(),
@@ -224,10 +232,11 @@ pub async fn list_from(
     shared.state().ranges = initial_ranges(&shared, start, end, workers);
     let shared = Arc::new(shared);
     let owned = shared.state().ranges.len();
+    let convert = Arc::new(convert);
     let mut tasks = tokio::task::JoinSet::new();
     for w in 0..workers {
-        let shared = shared.clone();
-        tasks.spawn(worker(shared, (w < owned).then_some(w)));
+        let (shared, convert) = (shared.clone(), convert.clone());
+        tasks.spawn(async move { worker(&shared, (w < owned).then_some(w), &*convert).await });
     }
     let mut pages = Vec::new();
     while let Some(joined) = tasks.join_next().await {
@@ -311,7 +320,11 @@ fn initial_ranges(shared: &Shared, start: String, end: Option<String>, n: usize)
 
 /// One worker: lists its range page by page, then steals from the largest dense range left,
 /// waiting while none is dense, until every range is listed.
-async fn worker(shared: Arc<Shared>, mut own: Option<usize>) -> gcs::Result<Vec<ListPage>> {
+async fn worker<T>(
+    shared: &Shared,
+    mut own: Option<usize>,
+    convert: &(dyn Fn(ListPage) -> T + Sync),
+) -> gcs::Result<Vec<T>> {
     let mut pages = Vec::new();
     loop {
         let r = match own.take() {
@@ -326,7 +339,7 @@ async fn worker(shared: Arc<Shared>, mut own: Option<usize>) -> gcs::Result<Vec<
                     if st.ranges.iter().all(|r| r.done) {
                         return Ok(pages);
                     }
-                    split_largest(&shared, &mut st.ranges)
+                    split_largest(shared, &mut st.ranges)
                 };
                 match stolen {
                     Some(r) => r,
@@ -337,14 +350,19 @@ async fn worker(shared: Arc<Shared>, mut own: Option<usize>) -> gcs::Result<Vec<
                 }
             }
         };
-        let listed = list_range(&shared, r, &mut pages).await;
+        let listed = list_range(shared, r, &mut pages, convert).await;
         shared.changed.notify_waiters();
         listed?;
     }
 }
 
 /// Lists range `r` to its (possibly shrinking) end.
-async fn list_range(shared: &Shared, r: usize, pages: &mut Vec<ListPage>) -> gcs::Result<()> {
+async fn list_range<T>(
+    shared: &Shared,
+    r: usize,
+    pages: &mut Vec<T>,
+    convert: &(dyn Fn(ListPage) -> T + Sync),
+) -> gcs::Result<()> {
     loop {
         let (cur, end) = {
             let st = shared.state();
@@ -373,8 +391,8 @@ async fn list_range(shared: &Shared, r: usize, pages: &mut Vec<ListPage>) -> gcs
         range.done = finished;
         range.dense = !finished;
         drop(st);
-        pages.push(page);
         shared.changed.notify_waiters();
+        pages.push(convert(page));
         if finished {
             return Ok(());
         }

@@ -89,9 +89,9 @@ pub struct Opened {
     pub keep_cache: bool,
 }
 
-/// One entry of a directory read.
+/// One entry of a directory read, borrowing its name from the listing.
 #[derive(Debug, Clone, PartialEq)]
-pub struct DirItem {
+pub struct DirItem<'a> {
     /// Inode number.
     pub ino: u64,
     /// Offset of the next entry (what the kernel passes back to continue).
@@ -99,7 +99,7 @@ pub struct DirItem {
     /// File or directory.
     pub kind: Kind,
     /// The name.
-    pub name: String,
+    pub name: &'a str,
 }
 
 /// Filesystem-wide figures for `statfs`.
@@ -347,7 +347,7 @@ impl Fs {
         );
         let sub = match (list_whole, first) {
             (true, Ok(page)) if page.next_page_token.is_empty() => {
-                let listing = Arc::new(merge(&dir.key(), &[page], &i.warnings));
+                let listing = Arc::new(merge(&dir.key(), vec![page], &i.warnings));
                 if let Some(c) = &i.listings {
                     c.insert(parent, listing.clone());
                 }
@@ -540,34 +540,45 @@ impl Fs {
     }
 
     /// Entries of directory handle `fh` after `offset`: `.`, `..`, then the listing.
-    pub async fn readdir(&self, fh: u64, offset: u64) -> FsResult<Vec<DirItem>> {
+    pub async fn readdir(
+        &self,
+        fh: u64,
+        offset: u64,
+        mut add: impl FnMut(&DirItem) -> bool,
+    ) -> FsResult<()> {
         let (ino, listing) = self.dir_listing(fh, offset).await?;
         let dir = self.dir_inode(ino)?;
-        let mut out = Vec::new();
         for (n, name) in [".", ".."].into_iter().enumerate() {
             if offset <= n as u64 {
-                out.push(DirItem {
+                let item = DirItem {
                     ino,
                     offset: n as u64 + 1,
                     kind: Kind::Dir,
-                    name: name.to_string(),
-                });
+                    name,
+                };
+                if add(&item) {
+                    return Ok(());
+                }
             }
         }
+        let dir_key = dir.key();
         let skip = offset.saturating_sub(2) as usize;
         for (n, e) in listing.entries.iter().enumerate().skip(skip) {
             let key = match e.kind {
-                Kind::Dir => names::dir_key(&dir.key(), &e.name),
-                Kind::File => names::file_key(&dir.key(), &e.name),
+                Kind::Dir => names::dir_key(&dir_key, &e.name),
+                Kind::File => names::file_key(&dir_key, &e.name),
             };
-            out.push(DirItem {
+            let item = DirItem {
                 ino: self.inner.inodes.peek_ino(&key, e.kind),
                 offset: n as u64 + 3,
                 kind: e.kind,
-                name: e.name.clone(),
-            });
+                name: &e.name,
+            };
+            if add(&item) {
+                return Ok(());
+            }
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Entries with attributes of directory handle `fh` after `offset`, handed to `add` until
@@ -586,7 +597,7 @@ impl Fs {
                     ino,
                     offset: n as u64 + 1,
                     kind: Kind::Dir,
-                    name: name.to_string(),
+                    name,
                 };
                 // The kernel takes no lookup on `.` and `..`.
                 if add(&item, &self.entry(&dir)) {
@@ -594,16 +605,17 @@ impl Fs {
                 }
             }
         }
+        let dir_key = dir.key();
         let skip = offset.saturating_sub(2) as usize;
         for (n, e) in listing.entries.iter().enumerate().skip(skip) {
             let inode = match e.kind {
                 Kind::Dir => {
                     self.inner
                         .inodes
-                        .lookup(&names::dir_key(&dir.key(), &e.name), Kind::Dir, None)
+                        .lookup(&names::dir_key(&dir_key, &e.name), Kind::Dir, None)
                 }
                 Kind::File => self.inner.inodes.lookup(
-                    &names::file_key(&dir.key(), &e.name),
+                    &names::file_key(&dir_key, &e.name),
                     Kind::File,
                     e.meta,
                 ),
@@ -612,7 +624,7 @@ impl Fs {
                 ino: inode.ino,
                 offset: n as u64 + 3,
                 kind: e.kind,
-                name: e.name.clone(),
+                name: &e.name,
             };
             if add(&item, &self.entry(&inode)) {
                 self.inner.inodes.forget(inode.ino, 1);

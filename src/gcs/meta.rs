@@ -25,10 +25,35 @@ pub struct ObjectMeta {
     pub update_time: SystemTime,
 }
 
+/// The `Object` fields `ObjectMeta` is made of: what listings ask for (`read_mask`), so the
+/// service neither builds nor sends the rest.
+pub(crate) const OBJECT_META_FIELDS: [&str; 8] = [
+    "name",
+    "generation",
+    "metageneration",
+    "size",
+    "finalize_time",
+    "checksums",
+    "create_time",
+    "update_time",
+];
+
 impl From<&pb::Object> for ObjectMeta {
     fn from(o: &pb::Object) -> Self {
+        ObjectMeta::with_name(o.name.clone(), o)
+    }
+}
+
+impl From<pb::Object> for ObjectMeta {
+    fn from(mut o: pb::Object) -> Self {
+        ObjectMeta::with_name(std::mem::take(&mut o.name), &o)
+    }
+}
+
+impl ObjectMeta {
+    fn with_name(name: String, o: &pb::Object) -> Self {
         ObjectMeta {
-            name: o.name.clone(),
+            name,
             generation: o.generation,
             metageneration: o.metageneration,
             size: u64::try_from(o.size).unwrap_or(0),
@@ -80,6 +105,9 @@ impl ListRequest {
             lexicographic_start: self.lexicographic_start.clone(),
             lexicographic_end: self.lexicographic_end.clone(),
             include_folders_as_prefixes: self.include_folders_as_prefixes,
+            read_mask: Some(prost_types::FieldMask {
+                paths: OBJECT_META_FIELDS.iter().map(|f| f.to_string()).collect(),
+            }),
             ..Default::default()
         }
     }
@@ -99,7 +127,7 @@ pub struct ListPage {
 impl From<pb::ListObjectsResponse> for ListPage {
     fn from(r: pb::ListObjectsResponse) -> Self {
         ListPage {
-            objects: r.objects.iter().map(ObjectMeta::from).collect(),
+            objects: r.objects.into_iter().map(ObjectMeta::from).collect(),
             prefixes: r.prefixes,
             next_page_token: r.next_page_token,
         }
@@ -157,5 +185,9 @@ mod tests {
         assert_eq!(r.parent, "projects/_/buckets/b");
         assert_eq!(r.delimiter, "/");
         assert_eq!(r.prefix, "dir/");
+        let mask = r
+            .read_mask
+            .expect("listings ask only for what ObjectMeta holds");
+        assert_eq!(mask.paths, OBJECT_META_FIELDS);
     }
 }
