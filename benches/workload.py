@@ -5,6 +5,8 @@ use instead.
 
     python3 benches/workload.py            # full run: 3 runs of every row (well under 30 min)
     python3 benches/workload.py --quick    # smoke run: small sample, 1 run (a few minutes)
+    python3 benches/workload.py --rows local,rapidfs,google --latencies 0 --workers 4
+                                           # only some rows, latencies (ms) and worker counts
 
 Dataset: 20,000 files in 100 class directories (train/cNNN/NNNNN.jpg), sizes 16 KiB..1 MiB,
 log-normal with a median of about 110 KiB, random bytes; generated once under
@@ -59,6 +61,7 @@ MiB = 1 << 20
 FILES = 20_000
 CLASSES = 100
 BATCH = 32
+ROWS = ("local", "rapidfs", "helper", "google", "raw", "budget")
 BUCKET = "bench"
 SEED = 9
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -413,6 +416,12 @@ def main():
     ap.add_argument("--quick", action="store_true", help="small sample, one run")
     ap.add_argument("--sample", type=int, help="files read per pass (default 1000, quick 200)")
     ap.add_argument("--runs", type=int, help="runs of every row (default 3, quick 1)")
+    ap.add_argument("--rows", type=lambda v: set(v.split(",")), default=set(ROWS),
+                    help=f"rows to run, comma-separated, of {','.join(ROWS)} (default all)")
+    ap.add_argument("--latencies", type=lambda v: [int(x) * 1000 for x in v.split(",")],
+                    default=[0, 1000, 5000], help="emulator latencies in ms (default 0,1,5)")
+    ap.add_argument("--workers", type=lambda v: [int(x) for x in v.split(",")],
+                    default=[0, 2, 4], help="DataLoader worker counts (default 0,2,4)")
     ap.add_argument("--pass", dest="pass_spec", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.pass_spec:
@@ -438,6 +447,9 @@ def main():
     runs = args.runs or (1 if args.quick else 3)
     if not 0 < sample <= FILES:
         sys.exit(f"workload: --sample must be 1..{FILES}")
+    if not args.rows <= set(ROWS):
+        sys.exit(f"workload: --rows takes some of {','.join(ROWS)}")
+    rows, lats, workers = args.rows, args.latencies, args.workers
 
     log("building rapidfs (release) and workload_raw")
     subprocess.run(["cargo", "build", "--release", "--bin", "rapidfs"], cwd=REPO, check=True,
@@ -469,18 +481,20 @@ def main():
     try:
         for run in range(runs):
             log(f"run {run + 1} of {runs}")
-            for w in (0, 2, 4):
+            for w in workers if "local" in rows else ():
                 paths = [os.path.join(local_root, n) for n in names]
                 drop_caches()
                 add(("local cold", 0, w), child_pass(python, {
                     "kind": "files", "paths": paths, "order": order, "workers": w}, work))
                 add(("local warm", 0, w), child_pass(python, {
                     "kind": "files", "paths": paths, "order": order, "workers": w}, work))
-            for lat in (0, 1000, 5000):
+            for lat in lats:
                 env.start_emulator(lat)
-                for w in (0, 2, 4):
+                for w in workers:
                     for helper in (False, True):
                         if helper and not ((lat == 0 and w == 4) or (lat == 5000 and w >= 2)):
+                            continue
+                        if ("helper" if helper else "rapidfs") not in rows:
                             continue
                         mnt = env.mount()
                         drop_caches()
@@ -490,11 +504,14 @@ def main():
                             "kind": "files", "paths": paths, "order": order, "workers": w,
                             "helper": helper, "mountpoint": mnt}, work))
                         env.unmount(mnt)
-                    add(("google client", lat, w), child_pass(python, {
-                        "kind": "gcs", "endpoint": env.endpoint, "names": names, "order": order,
-                        "workers": w}, work))
-                add(("raw rust", lat, 1), raw_pass(raw_binary, env, names, sizes, order, work))
-                if lat == 5000:
+                    if "google" in rows:
+                        add(("google client", lat, w), child_pass(python, {
+                            "kind": "gcs", "endpoint": env.endpoint, "names": names,
+                            "order": order, "workers": w}, work))
+                if "raw" in rows:
+                    add(("raw rust", lat, 1),
+                        raw_pass(raw_binary, env, names, sizes, order, work))
+                if lat == 5000 and "budget" in rows:
                     mnt = env.mount(memory_mb=budget_mb)
                     drop_caches()
                     before = env.stats()
