@@ -4,7 +4,7 @@
 //! there, so no request waits behind another's round trip. No filesystem logic lives here:
 //! only type conversions, the init negotiation and the mount options.
 
-use crate::fs::{Attr, Errno as FsErrno, Fs, FsResult, Kind, SetAttr};
+use crate::fs::{Attr, Errno as FsErrno, Fs, FsResult, Kind, Opened, SetAttr};
 use fuser::{
     AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
     INodeNo, InitFlags, KernelConfig, LockOwner, MountOption, OpenAccMode, OpenFlags, ReplyAttr,
@@ -491,6 +491,20 @@ fn file_attr(a: &Attr) -> FileAttr {
     }
 }
 
+/// The open reply's flags: keep the page cache when it still holds this version; a reading
+/// handle has nothing to flush, so spare each close() of it a round trip (a DataLoader closes
+/// one file per sample).
+fn open_flags(o: &Opened, write: bool) -> FopenFlags {
+    let mut flags = FopenFlags::empty();
+    if o.keep_cache {
+        flags |= FopenFlags::FOPEN_KEEP_CACHE;
+    }
+    if !write {
+        flags |= FopenFlags::FOPEN_NOFLUSH;
+    }
+    flags
+}
+
 /// Object names are UTF-8: a name that is not cannot exist in the bucket.
 /// Answers a request that names an entry (lookup, mkdir, mknod) with its attributes.
 fn reply_entry(reply: ReplyEntry, e: &crate::fs::Entry) {
@@ -574,6 +588,14 @@ impl Filesystem for FuseAdapter {
             return reply.error(Errno::ENOENT);
         };
         let t0 = Instant::now();
+        // Answered from a cached listing here, without waking a runtime worker: on a busy
+        // machine the hand-off costs more than the lookup.
+        if let Some(found) = self.fs.lookup_cached(parent.0, &name) {
+            return match metered("lookup", t0, found, nothing) {
+                Ok(e) => reply_entry(reply, &e),
+                Err(e) => reply.error(errno(e)),
+            };
+        }
         let fs = self.fs.clone();
         self.rt.spawn(async move {
             match metered("lookup", t0, fs.lookup(parent.0, &name).await, nothing) {
@@ -761,8 +783,15 @@ impl Filesystem for FuseAdapter {
         let write = flags.acc_mode() != OpenAccMode::O_RDONLY
             || flags.0 & (libc::O_TRUNC | libc::O_APPEND) != 0;
         let truncate = flags.0 & libc::O_TRUNC != 0;
-        let fs = self.fs.clone();
         let t0 = Instant::now();
+        if !write {
+            let _runtime = self.rt.enter();
+            if let Some(o) = self.fs.open_cached(ino.0) {
+                counted("open", t0);
+                return reply.opened(FileHandle(o.fh), open_flags(&o, false));
+            }
+        }
+        let fs = self.fs.clone();
         self.rt.spawn(async move {
             let opened = if write {
                 fs.open_write(ino.0, truncate).await
@@ -770,14 +799,7 @@ impl Filesystem for FuseAdapter {
                 fs.open(ino.0, false).await
             };
             match metered("open", t0, opened, nothing) {
-                Ok(o) => {
-                    let flags = if o.keep_cache {
-                        FopenFlags::FOPEN_KEEP_CACHE
-                    } else {
-                        FopenFlags::empty()
-                    };
-                    reply.opened(FileHandle(o.fh), flags)
-                }
+                Ok(o) => reply.opened(FileHandle(o.fh), open_flags(&o, write)),
                 Err(e) => reply.error(errno(e)),
             }
         });
@@ -858,6 +880,11 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEmpty,
     ) {
         let t0 = Instant::now();
+        if !self.fs.is_writer(fh.0) {
+            self.fs.release(fh.0);
+            counted("release", t0);
+            return reply.ok();
+        }
         let fs = self.fs.clone();
         let gate = self.writes.clone();
         self.rt.spawn(async move {

@@ -370,6 +370,13 @@ fn a_scrape_during_reads_parses_and_counters_move() {
             &[("method", "BidiReadObject"), ("code", "OK")]
         ) > 0.0
     );
+    // Reading handles are opened with FOPEN_NOFLUSH: closing one costs no FLUSH round trip.
+    assert!(b.sum("rapidfs_fuse_requests_total", &[("op", "open")]) > 0.0);
+    assert_eq!(
+        b.sum("rapidfs_fuse_requests_total", &[("op", "flush")]),
+        0.0,
+        "{second}"
+    );
     assert_eq!(
         b.types
             .get("rapidfs_fuse_latency_seconds")

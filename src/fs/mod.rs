@@ -308,16 +308,10 @@ impl Fs {
         if !names::is_visible(name) {
             return Err(Errno::ENOENT);
         }
-        let i = &self.inner;
-        if let Some(listing) = i.listings.as_ref().and_then(|c| c.get(&parent)) {
-            // A listing answers for the names it holds as long as it is kept, but for a name
-            // it lacks only as long as a negative entry would: an object created elsewhere
-            // then shows up as soon as it would without the listing.
-            match self.lookup_in(&dir, &listing, name) {
-                Err(Errno::ENOENT) if listing.listed_at.elapsed() >= i.negative_ttl => {}
-                found => return found,
-            }
+        if let Some(found) = self.listed(&dir, name) {
+            return found;
         }
+        let i = &self.inner;
         let neg_key = (parent, name.to_string());
         if i.negative
             .as_ref()
@@ -390,6 +384,29 @@ impl Fs {
     }
 
     /// Resolves `name` from `listing`, the listing of directory `dir`.
+    /// `lookup` as far as the directory's cached listing answers it, with no call to make:
+    /// what the FUSE thread can answer at once. `None`: ask `lookup`.
+    pub fn lookup_cached(&self, parent: u64, name: &str) -> Option<FsResult<Entry>> {
+        let dir = self.dir_inode(parent).ok()?;
+        if name.len() > names::NAME_MAX || !names::is_visible(name) {
+            return None;
+        }
+        self.listed(&dir, name)
+    }
+
+    /// What the cached listing of `dir` says of `name`, if it vouches for it.
+    fn listed(&self, dir: &Inode, name: &str) -> Option<FsResult<Entry>> {
+        let i = &self.inner;
+        let listing = i.listings.as_ref()?.get(&dir.ino)?;
+        // A listing answers for the names it holds as long as it is kept, but for a name it
+        // lacks only as long as a negative entry would: an object created elsewhere then
+        // shows up as soon as it would without the listing.
+        match self.lookup_in(dir, &listing, name) {
+            Err(Errno::ENOENT) if listing.listed_at.elapsed() >= i.negative_ttl => None,
+            found => Some(found),
+        }
+    }
+
     fn lookup_in(&self, dir: &Inode, listing: &Listing, name: &str) -> FsResult<Entry> {
         let i = &self.inner;
         let found = listing.find(name).ok_or(Errno::ENOENT)?;
@@ -412,10 +429,8 @@ impl Fs {
 
     /// Current metadata of a file, fetched again once older than the stat TTL.
     async fn fresh_meta(&self, inode: &Inode) -> FsResult<ObjMeta> {
-        if let (Some(m), Some(at)) = inode.meta() {
-            if at.elapsed() < self.inner.stat_ttl {
-                return Ok(m);
-            }
+        if let Some(m) = self.cached_meta(inode) {
+            return Ok(m);
         }
         let i = &self.inner;
         let meta = i
@@ -424,6 +439,14 @@ impl Fs {
             .await
             .map_err(|e| error::log_err("stat", &inode.key(), &e))?;
         Ok(inode.refresh(ObjMeta::from(&meta)))
+    }
+
+    /// The inode's metadata while younger than the stat TTL.
+    fn cached_meta(&self, inode: &Inode) -> Option<ObjMeta> {
+        match inode.meta() {
+            (Some(m), Some(at)) if at.elapsed() < self.inner.stat_ttl => Some(m),
+            _ => None,
+        }
     }
 
     /// Attributes of `ino`.
@@ -449,13 +472,30 @@ impl Fs {
         // Bytes written through this mount must be in the service before a reader opens.
         self.inner.writes.settle(ino).await?;
         let meta = self.fresh_meta(&inode).await?;
+        Ok(self.open_at(&inode, &meta))
+    }
+
+    /// `open` for reading when nothing needs a call or a wait (no write of the file pending
+    /// through this mount, its metadata fresh): what the FUSE thread can answer at once.
+    /// `None`: ask `open`. Must run inside the runtime (prefetch may start).
+    pub fn open_cached(&self, ino: u64) -> Option<Opened> {
+        let inode = self.inode(ino).ok()?;
+        if inode.kind == Kind::Dir || self.inner.writes.has_writer(ino) {
+            return None;
+        }
+        let meta = self.cached_meta(&inode)?;
+        Some(self.open_at(&inode, &meta))
+    }
+
+    /// A reading handle of `inode` pinned to the version `meta` describes.
+    fn open_at(&self, inode: &Inode, meta: &ObjMeta) -> Opened {
         let keep_cache = inode.note_open(meta.identity());
         let key = inode.key();
-        let handle = self.inner.reads.open(&key, &meta);
+        let handle = self.inner.reads.open(&key, meta);
         self.prefetch_on_open(&key);
         let fh = self.inner.next_fh.fetch_add(1, Ordering::Relaxed);
         lock(&self.inner.files).insert(fh, Arc::new(handle));
-        Ok(Opened { fh, keep_cache })
+        Opened { fh, keep_cache }
     }
 
     /// Reads up to `size` bytes at `offset` of open file `fh`, from the version it opened.
@@ -477,6 +517,11 @@ impl Fs {
             Err(Errno::ENOENT) => Err(Errno::ESTALE),
             other => other,
         }
+    }
+
+    /// True when handle `fh` writes (its release has a stream to end).
+    pub fn is_writer(&self, fh: u64) -> bool {
+        self.inner.writes.is_writer(fh)
     }
 
     /// Closes file handle `fh`; its streams stay warm a while.

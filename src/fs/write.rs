@@ -489,6 +489,16 @@ impl Writes {
         }
     }
 
+    /// True when inode `ino` has a writer through this mount (`settle` has work to do).
+    pub fn has_writer(&self, ino: u64) -> bool {
+        lock(&self.by_ino).contains_key(&ino)
+    }
+
+    /// True when handle `fh` writes.
+    pub fn is_writer(&self, fh: u64) -> bool {
+        lock(&self.by_fh).contains_key(&fh)
+    }
+
     /// Makes the service hold everything written to `ino` so far, so a new reader sees it.
     pub async fn settle(&self, ino: u64) -> FsResult<()> {
         let fw = lock(&self.by_ino).get(&ino).map(|(fw, _)| fw.clone());
