@@ -491,10 +491,11 @@ impl Fs {
     fn open_at(&self, inode: &Inode, meta: &ObjMeta) -> Opened {
         let keep_cache = inode.note_open(meta.identity());
         let key = inode.key();
-        let handle = self.inner.reads.open(&key, meta);
+        let handle = Arc::new(self.inner.reads.open(&key, meta));
+        self.inner.reads.fetch_on_open(&handle);
         self.prefetch_on_open(&key);
         let fh = self.inner.next_fh.fetch_add(1, Ordering::Relaxed);
-        lock(&self.inner.files).insert(fh, Arc::new(handle));
+        lock(&self.inner.files).insert(fh, handle);
         Opened { fh, keep_cache }
     }
 

@@ -72,6 +72,11 @@ pub struct Handle {
     size: u64,
     pool: Arc<StreamPool>,
     seq: Mutex<Sequential>,
+    /// Orders the fetch started at open against the first read: the fetch holds it while it
+    /// runs, and the first read sets it (`true`: the read took over, the fetch is not wanted:
+    /// a small file read whole leaves the cache at once, and a fetch after that would be a
+    /// second download).
+    read_started: tokio::sync::Mutex<bool>,
 }
 
 impl ReadPath {
@@ -242,7 +247,36 @@ impl ReadPath {
             size: meta.size,
             pool,
             seq: Mutex::new(Sequential::new(self.readahead_initial, self.readahead_max)),
+            read_started: tokio::sync::Mutex::new(false),
         }
+    }
+
+    /// Starts fetching small object `h` whole as it is opened, so that its first read, a few
+    /// hand-offs later (kernel, reader, kernel, FUSE thread), joins bytes already arriving
+    /// instead of opening the stream itself. Skipped when the read-ahead budget is spent.
+    pub fn fetch_on_open(&self, h: &Arc<Handle>) {
+        if h.size == 0
+            || h.size > self.small
+            || self
+                .blocks
+                .contains_key(&(h.key.clone(), h.generation, WHOLE))
+        {
+            return;
+        }
+        let permits = u32::try_from(h.size.div_ceil(PERMIT_BYTES)).unwrap_or(u32::MAX);
+        let Ok(permit) = self.prefetch_budget.clone().try_acquire_many_owned(permits) else {
+            return;
+        };
+        let (path, h) = (self.clone(), h.clone());
+        tokio::spawn(async move {
+            let read_started = h.read_started.lock().await;
+            if !*read_started {
+                if let Err(e) = path.cached(&h, WHOLE, 0, h.size).await {
+                    tracing::debug!(errno = e.0, "fetch on open failed; the read fetches again");
+                }
+            }
+            drop((read_started, permit));
+        });
     }
 
     /// The handle is closed: its streams stay warm for `read.stream_idle_ms` from now.
@@ -272,6 +306,7 @@ impl ReadPath {
             .await
             .map_err(|_| Errno::EIO)?;
         if h.size <= self.small {
+            *h.read_started.lock().await = true;
             let whole = self.cached(h, WHOLE, 0, h.size).await?;
             self.note_use(h);
             if offset == 0 && end == h.size {
