@@ -1,8 +1,11 @@
 //! The only module that knows fuser: decode kernel requests, call `fs`, reply.
 //!
 //! Every request that may touch the network is handed to a tokio task and answered from
-//! there, so no request waits behind another's round trip. No filesystem logic lives here:
-//! only type conversions, the init negotiation and the mount options.
+//! there, so no request waits behind another's round trip. What `fs` can answer from its
+//! caches alone (a listed lookup, an open with fresh metadata, a reading handle's release) is
+//! answered on the FUSE thread: waking a runtime worker would cost more than the answer. No
+//! filesystem logic lives here: only type conversions, the init negotiation and the mount
+//! options.
 
 use crate::fs::{Attr, Errno as FsErrno, Fs, FsResult, Kind, Opened, SetAttr};
 use fuser::{
@@ -505,7 +508,6 @@ fn open_flags(o: &Opened, write: bool) -> FopenFlags {
     flags
 }
 
-/// Object names are UTF-8: a name that is not cannot exist in the bucket.
 /// Answers a request that names an entry (lookup, mkdir, mknod) with its attributes.
 fn reply_entry(reply: ReplyEntry, e: &crate::fs::Entry) {
     reply.entry_with_ttls(
@@ -516,6 +518,7 @@ fn reply_entry(reply: ReplyEntry, e: &crate::fs::Entry) {
     );
 }
 
+/// Object names are UTF-8: a name that is not cannot exist in the bucket.
 fn utf8(name: &OsStr) -> Option<String> {
     name.to_str().map(str::to_string)
 }

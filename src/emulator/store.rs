@@ -818,15 +818,9 @@ impl ObjectFields {
     }
 }
 
-/// The wire form of an object, with only the fields in `fields` (and its name).
-pub(crate) fn to_proto_masked(
-    bucket: &str,
-    name: &str,
-    e: &Entry,
-    fields: &ObjectFields,
-) -> Object {
+/// The wire form of an object, with only the fields in `f` (and its name).
+pub(crate) fn to_proto_masked(bucket: &str, name: &str, e: &Entry, f: &ObjectFields) -> Object {
     let st = e.content.state();
-    let f = fields;
     Object {
         name: name.to_string(),
         bucket: if f.bucket {

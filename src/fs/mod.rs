@@ -383,7 +383,6 @@ impl Fs {
         }
     }
 
-    /// Resolves `name` from `listing`, the listing of directory `dir`.
     /// `lookup` as far as the directory's cached listing answers it, with no call to make:
     /// what the FUSE thread can answer at once. `None`: ask `lookup`.
     pub fn lookup_cached(&self, parent: u64, name: &str) -> Option<FsResult<Entry>> {
@@ -407,6 +406,7 @@ impl Fs {
         }
     }
 
+    /// Resolves `name` from `listing`, the listing of directory `dir`.
     fn lookup_in(&self, dir: &Inode, listing: &Listing, name: &str) -> FsResult<Entry> {
         let i = &self.inner;
         let found = listing.find(name).ok_or(Errno::ENOENT)?;
