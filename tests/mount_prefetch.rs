@@ -214,6 +214,55 @@ fn a_cold_small_file_costs_one_stream_and_no_extra_calls() {
     assert_eq!(st.bytes_sent, n * 128 * 1024, "{st:?}");
 }
 
+/// A hint over class folders nobody has looked up yet costs one listing per folder, no
+/// per-file metadata call: the listings that size the prefetches then answer the reader's
+/// lookups too, so reading the epoch adds no call but the streams the prefetch already made.
+#[test]
+fn a_hint_lists_each_folder_once_and_its_listings_answer_the_lookups() {
+    let env = Env::new(BUCKET);
+    let (folders, per) = (3u64, 20u64);
+    let name = |i: u64| format!("h/c{}/img{i:03}.jpg", i % folders);
+    for i in 0..folders * per {
+        env.put(BUCKET, &name(i), &data(900 + i, 20_000 + i as usize * 100));
+    }
+    let m = mount(&env, &env.config());
+    let mut ctl = Ctl::connect(&m.socket());
+    env.emu().reset_stats();
+    let order: Vec<u64> = (0..folders * per)
+        .map(|k| (k * 7 + 3) % (folders * per))
+        .collect();
+    let paths: Vec<String> = order.iter().map(|&i| name(i)).collect();
+    assert_eq!(ctl.call(json!({"op": "hint", "paths": paths}))["ok"], true);
+    let start = std::time::Instant::now();
+    loop {
+        let st = ctl.call(json!({"op": "stats"}));
+        if st["prefetch_fetched"].as_u64() == Some(folders * per) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "prefetch stalled: {st}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let prefetched = env.emu().stats();
+    assert_eq!(prefetched.get_object_calls, 0, "{prefetched:?}");
+    assert_eq!(prefetched.list_calls, folders, "{prefetched:?}");
+    for &i in &order {
+        let got = std::fs::read(m.p(&name(i))).expect("read");
+        assert!(
+            got == data(900 + i, 20_000 + i as usize * 100),
+            "{}",
+            name(i)
+        );
+    }
+    let st = env.emu().stats();
+    assert_eq!(st.get_object_calls, 0, "{st:?}");
+    // The root and `h/` are listed for the kernel's lookups of `h` and of each folder.
+    assert_eq!(st.list_calls, folders + 2, "{st:?}");
+    assert_eq!(st.read_streams, folders * per, "{st:?}");
+}
+
 /// Sets its flag when dropped.
 struct StopOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
 

@@ -142,9 +142,13 @@ struct Inner {
     attr_ttl: Duration,
     root_key: String,
     inodes: InodeTable,
-    listings: Option<moka::sync::Cache<u64, Arc<Listing>>>,
+    /// Listings by directory key (not inode: prefetch lists directories the kernel has not
+    /// looked up yet).
+    listings: Option<moka::sync::Cache<String, Arc<Listing>>>,
     /// Directories found to hold more than one page: lookups in them do not list them.
-    large_dirs: Option<moka::sync::Cache<u64, ()>>,
+    large_dirs: Option<moka::sync::Cache<String, ()>>,
+    /// `whole_listing` calls in flight, by directory key.
+    listing_now: Mutex<HashMap<String, ListingCall>>,
     list_options: ListOptions,
     negative: Option<moka::sync::Cache<(u64, String), ()>>,
     /// How long a name found missing stays missing, in the negative cache or in a listing.
@@ -158,6 +162,9 @@ struct Inner {
     read_only: bool,
     prefetch: prefetch::Prefetch,
 }
+
+/// One directory's `whole_listing` call, shared by everyone who wants it while it runs.
+type ListingCall = Arc<tokio::sync::OnceCell<Option<Arc<Listing>>>>;
 
 /// An open directory: the listing it reads, taken at the first read from offset 0.
 struct DirHandle {
@@ -214,6 +221,7 @@ impl Fs {
                 root_key: root,
                 listings: ttl_cache(ms(fs.list_ttl_ms), 4096),
                 large_dirs: ttl_cache(ms(fs.list_ttl_ms), 4096),
+                listing_now: Mutex::new(HashMap::new()),
                 list_options: ListOptions::from_config(fs),
                 negative: ttl_cache(ms(fs.negative_ttl_ms), 100_000),
                 negative_ttl: ms(fs.negative_ttl_ms),
@@ -321,42 +329,18 @@ impl Fs {
         }
         let fkey = names::file_key(&dir.key(), name);
         let dkey = names::dir_key(&dir.key(), name);
-        // A directory not known to be large is listed (one page) alongside the object: when
-        // that page is the whole directory it answers this lookup and every later one in the
-        // directory (a dataset's class folder costs one call, not two per file).
-        let list_whole = i.listings.is_some()
-            && !i
-                .large_dirs
-                .as_ref()
-                .is_some_and(|c| c.contains_key(&parent));
-        let first_req = if list_whole {
-            list_request(&dir.key(), i.list_options.page_size)
-        } else {
-            // Finds empty folders too (see `namespace::dir_probe`).
-            namespace::dir_probe(&dkey)
-        };
-        let (obj, first) = tokio::join!(
+        // A directory not known to be large is listed (one page): when that page is the whole
+        // directory it answers this lookup and every later one in the directory (a dataset's
+        // class folder costs one call, not two per file).
+        if let Some(listing) = self.whole_listing(&dir.key()).await {
+            return self.lookup_in(&dir, &listing, name);
+        }
+        // Finds empty folders too (see `namespace::dir_probe`).
+        let probe = namespace::dir_probe(&dkey);
+        let (obj, sub) = tokio::join!(
             i.client.get_object(&i.bucket, &fkey),
-            i.client.list_page(&i.bucket, &first_req)
+            i.client.list_page(&i.bucket, &probe)
         );
-        let sub = match (list_whole, first) {
-            (true, Ok(page)) if page.next_page_token.is_empty() => {
-                let listing = Arc::new(merge(&dir.key(), vec![page], &i.warnings));
-                if let Some(c) = &i.listings {
-                    c.insert(parent, listing.clone());
-                }
-                return self.lookup_in(&dir, &listing, name);
-            }
-            (true, first) => {
-                if let (Ok(_), Some(c)) = (&first, &i.large_dirs) {
-                    c.insert(parent, ());
-                }
-                i.client
-                    .list_page(&i.bucket, &namespace::dir_probe(&dkey))
-                    .await
-            }
-            (false, first) => first,
-        };
         match (obj, sub) {
             (obj, Ok(page)) if page.prefixes.contains(&dkey) => {
                 if obj.is_ok() {
@@ -383,6 +367,48 @@ impl Fs {
         }
     }
 
+    /// A fresh listing of directory `dkey` when one page holds all of it, from one call that
+    /// every concurrent caller shares (a lookup joins the listing prefetch started, and the
+    /// other way round). `None`: the directory is large, listings are not cached, or the call
+    /// failed; the caller asks for what it needs by name.
+    pub(super) async fn whole_listing(&self, dkey: &str) -> Option<Arc<Listing>> {
+        let i = &self.inner;
+        let (listings, large) = (i.listings.as_ref()?, i.large_dirs.as_ref()?);
+        if large.contains_key(dkey) {
+            return None;
+        }
+        let call = lock(&i.listing_now)
+            .entry(dkey.to_string())
+            .or_default()
+            .clone();
+        let listing = call
+            .get_or_init(|| async {
+                let req = list_request(dkey, i.list_options.page_size);
+                match i.client.list_page(&i.bucket, &req).await {
+                    Ok(page) if page.next_page_token.is_empty() => {
+                        let listing = Arc::new(merge(dkey, vec![page], &i.warnings));
+                        listings.insert(dkey.to_string(), listing.clone());
+                        Some(listing)
+                    }
+                    Ok(_) => {
+                        large.insert(dkey.to_string(), ());
+                        None
+                    }
+                    Err(e) => {
+                        tracing::debug!(dir = dkey, error = %e, "listing failed");
+                        None
+                    }
+                }
+            })
+            .await
+            .clone();
+        let mut now = lock(&i.listing_now);
+        if now.get(dkey).is_some_and(|c| Arc::ptr_eq(c, &call)) {
+            now.remove(dkey);
+        }
+        listing
+    }
+
     /// `lookup` as far as the directory's cached listing answers it, with no call to make:
     /// what the FUSE thread can answer at once. `None`: ask `lookup`.
     pub fn lookup_cached(&self, parent: u64, name: &str) -> Option<FsResult<Entry>> {
@@ -396,7 +422,7 @@ impl Fs {
     /// What the cached listing of `dir` says of `name`, if it vouches for it.
     fn listed(&self, dir: &Inode, name: &str) -> Option<FsResult<Entry>> {
         let i = &self.inner;
-        let listing = i.listings.as_ref()?.get(&dir.ino)?;
+        let listing = i.listings.as_ref()?.get(&dir.key())?;
         // A listing answers for the names it holds as long as it is kept, but for a name it
         // lacks only as long as a negative entry would: an object created elsewhere then
         // shows up as soon as it would without the listing.
@@ -548,10 +574,10 @@ impl Fs {
     /// The listing of directory `ino`: the cached one while fresh, else listed again.
     async fn listing(&self, ino: u64) -> FsResult<Arc<Listing>> {
         let i = &self.inner;
-        if let Some(l) = i.listings.as_ref().and_then(|c| c.get(&ino)) {
+        let dir = self.dir_inode(ino)?;
+        if let Some(l) = i.listings.as_ref().and_then(|c| c.get(&dir.key())) {
             return Ok(l);
         }
-        let dir = self.dir_inode(ino)?;
         let listing = list_dir(
             &i.client,
             &i.bucket,
@@ -563,7 +589,7 @@ impl Fs {
         .map(Arc::new)
         .map_err(|e| error::log_err("list", &dir.key(), &e))?;
         if let Some(c) = &i.listings {
-            c.insert(ino, listing.clone());
+            c.insert(dir.key(), listing.clone());
         }
         Ok(listing)
     }

@@ -43,8 +43,8 @@ impl Fs {
         if let Some(c) = &i.negative {
             c.invalidate(&(parent, name.to_string()));
         }
-        if let Some(c) = &i.listings {
-            c.invalidate(&parent);
+        if let (Some(c), Ok(dir)) = (&i.listings, self.inode(parent)) {
+            c.invalidate(&dir.key());
         }
     }
 
@@ -177,8 +177,8 @@ impl Fs {
         let dkey = names::dir_key(&dir.key(), name);
         self.remove_dir(&dkey).await?;
         let i = &self.inner;
-        if let (Some(c), Some(gone)) = (&i.listings, i.inodes.find(&dkey, Kind::Dir)) {
-            c.invalidate(&gone.ino);
+        if let Some(c) = &i.listings {
+            c.invalidate(&dkey);
         }
         i.inodes.unlink(&dkey, Kind::Dir);
         self.name_changed(parent, name);

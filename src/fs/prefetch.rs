@@ -8,7 +8,9 @@
 //! under the window, itself at most half the block cache so that prefetched files are read
 //! before they are evicted. Loaded files land in the block cache under (object, generation): a reader
 //! of another version never sees them, and a reader arriving while the load is in flight joins
-//! it. Touches the read path's cache and the filesystem's metadata caches (read only).
+//! it. An upcoming file whose metadata no cache holds is found by listing its directory (one
+//! call per folder, shared with the lookups that want the same listing), which then answers
+//! the reader's lookups too.
 
 use super::inode::{Kind, ObjMeta};
 use super::read::Loaded;
@@ -169,7 +171,7 @@ pub struct Prefetch {
     parallel: Arc<Semaphore>,
     parallel_n: usize,
     hints: Mutex<HashMap<u64, Arc<Order>>>,
-    dirs: Mutex<HashMap<u64, DirScan>>,
+    dirs: Mutex<HashMap<String, DirScan>>,
 }
 
 impl Prefetch {
@@ -262,11 +264,10 @@ impl Fs {
             }
         }
         let (dir, name) = split_key(key);
-        let dir_ino = i.inodes.peek_ino(dir, Kind::Dir);
         let found = i
             .listings
             .as_ref()
-            .and_then(|c| c.get(&dir_ino))
+            .and_then(|c| c.get(dir))
             .and_then(|l| l.find(name).and_then(|e| e.meta));
         found.map_or(Upcoming::Unknown, judge)
     }
@@ -349,8 +350,7 @@ impl Fs {
     fn dir_order_open(&self, key: &str) {
         let i = &self.inner;
         let (dir, name) = split_key(key);
-        let dir_ino = i.inodes.peek_ino(dir, Kind::Dir);
-        let Some(listing) = i.listings.as_ref().and_then(|c| c.get(&dir_ino)) else {
+        let Some(listing) = i.listings.as_ref().and_then(|c| c.get(dir)) else {
             return;
         };
         let Ok(at) = listing
@@ -360,10 +360,10 @@ impl Fs {
             return;
         };
         let mut dirs = lock(&i.prefetch.dirs);
-        if dirs.len() >= MAX_DIR_SCANS && !dirs.contains_key(&dir_ino) {
+        if dirs.len() >= MAX_DIR_SCANS && !dirs.contains_key(dir) {
             dirs.clear();
         }
-        let s = dirs.entry(dir_ino).or_default();
+        let s = dirs.entry(dir.to_string()).or_default();
         let same_listing = s.listing.as_ref().is_some_and(|l| Arc::ptr_eq(l, &listing));
         let in_order = same_listing && s.cursor.read.is_some() && at == s.last + 1;
         s.last = at;
@@ -423,18 +423,14 @@ impl Fs {
         });
     }
 
-    /// Loads `key` whole if it is small (`None` when it is not); metadata fetched when unknown.
+    /// Loads `key` whole if it is small (`None` when it is not, or needs no load); metadata
+    /// looked up when unknown.
     async fn load_small(&self, key: &str, meta: Option<ObjMeta>) -> Result<Option<Loaded>, ()> {
         let i = &self.inner;
-        let meta = match meta {
-            Some(m) => m,
-            None => match i.client.get_object(&i.bucket, key).await {
-                Ok(m) => ObjMeta::from(&m),
-                Err(e) => {
-                    tracing::debug!(key, error = %e, "prefetch: no metadata");
-                    return Err(());
-                }
-            },
+        let meta = match meta.map_or_else(|| self.upcoming(key), Upcoming::Load) {
+            Upcoming::Load(m) => m,
+            Upcoming::Skip => return Ok(None),
+            Upcoming::Unknown => self.unknown_meta(key).await?,
         };
         if meta.size > i.reads.small_limit() {
             return Ok(None);
@@ -444,6 +440,23 @@ impl Fs {
             .await
             .map(Some)
             .map_err(|_| ())
+    }
+
+    /// Metadata of upcoming file `key` that no cache holds: from a listing of its directory
+    /// (one call per folder, which then answers the reader's lookups too), else the object's.
+    async fn unknown_meta(&self, key: &str) -> Result<ObjMeta, ()> {
+        let (dir, name) = split_key(key);
+        if let Some(listing) = self.whole_listing(dir).await {
+            return listing.find(name).and_then(|e| e.meta).ok_or(());
+        }
+        let i = &self.inner;
+        match i.client.get_object(&i.bucket, key).await {
+            Ok(m) => Ok(ObjMeta::from(&m)),
+            Err(e) => {
+                tracing::debug!(key, error = %e, "prefetch: no metadata");
+                Err(())
+            }
+        }
     }
 
     /// Warm-up: loads the files and directory trees `rels` (relative to the mount root) into

@@ -61,7 +61,7 @@ impl Fs {
             c.invalidate(&(parent, name.to_string()));
         }
         if let Some(c) = &i.listings {
-            c.invalidate(&parent);
+            c.invalidate(&dir.key());
         }
         let now = SystemTime::now();
         let meta = ObjMeta {
