@@ -2,8 +2,9 @@
 //!
 //! Every request that may touch the network is handed to a tokio task and answered from
 //! there, so no request waits behind another's round trip. What `fs` can answer from its
-//! caches alone (a listed lookup, an open with fresh metadata, a reading handle's release) is
-//! answered on the FUSE thread: waking a runtime worker would cost more than the answer. No
+//! caches alone (a listed lookup, an open with fresh metadata, a reading handle's release, a
+//! read of cached bytes) is answered on the FUSE thread: waking a runtime worker would cost
+//! more than the answer. No
 //! filesystem logic lives here: only type conversions, the init negotiation and the mount
 //! options.
 
@@ -16,6 +17,7 @@ use fuser::{
 };
 use std::collections::HashSet;
 use std::ffi::OsStr;
+use std::future::Future;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -821,13 +823,20 @@ impl Filesystem for FuseAdapter {
     ) {
         let t0 = Instant::now();
         let fs = self.fs.clone();
-        self.rt.spawn(async move {
+        let mut answer = Box::pin(async move {
             let read = fs.read(fh.0, offset, size).await;
             match metered("read", t0, read, |d| d.len() as u64) {
                 Ok(data) => reply.data(&data),
                 Err(e) => reply.error(errno(e)),
             }
         });
+        // Bytes already cached (prefetched, or read before) are answered here at once; only
+        // a read that has to wait moves to a runtime worker, which polls it afresh.
+        let _runtime = self.rt.enter();
+        let mut cx = std::task::Context::from_waker(futures::task::noop_waker_ref());
+        if answer.as_mut().poll(&mut cx).is_pending() {
+            self.rt.spawn(answer);
+        }
     }
 
     fn write(
