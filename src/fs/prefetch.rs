@@ -2,7 +2,7 @@
 //!
 //! "Upcoming" files come from an order: one given by a client of the control socket (a hint:
 //! the paths an epoch will read, in order), or a directory's listing order once a process
-//! opens two of its files one after the other in that order. Each open of a file found in an
+//! opens three of its files one after the other in that order. Each open of a file found in an
 //! order moves that order's cursor; the next files are loaded, one BidiReadObject stream each
 //! (the range in the stream's first message), while the bytes loaded and not yet opened stay
 //! under the window, itself at most half the block cache so that prefetched files are read
