@@ -32,6 +32,11 @@ Rows, each with DataLoader workers 0, 2 and 4 unless said:
                    sample's bytes: emulator bytes sent / bytes read (emulator stats via
                    `--stats-file` + SIGUSR1) and the daemon's peak RSS against budget + 64 MiB.
 
+Two more columns say where the time goes: "idle %", the share of the machine's CPU time left
+idle during the pass (from the first `next()` to the last batch), and "svc cpu ms", the CPU
+time per sample of what serves the bytes besides the DataLoader: the daemon plus the emulator
+for rapidfs rows, the emulator for the Google client (whose own CPU is in its workers).
+
 Every figure is the median of the runs (min and max in the JSON); ratios are against rows of
 the same run. The emulator, the daemon and the DataLoader share the machine's cores.
 Writes target/bench-results/workload.json. Needs root (drop_caches, mounts), fuse3, and a
@@ -176,6 +181,7 @@ def run_pass(spec):
     workers = spec["workers"]
     loader = DataLoader(ds, batch_size=BATCH, sampler=sampler, num_workers=workers,
                         collate_fn=collate, prefetch_factor=2 if workers else None)
+    stat0 = cpu_ticks()
     t0 = time.perf_counter()
     first, samples, nbytes = None, 0, 0
     for batch in loader:
@@ -184,7 +190,16 @@ def run_pass(spec):
         samples += len(batch)
         nbytes += sum(len(b) for b in batch)
     secs = time.perf_counter() - t0
-    return {"seconds": secs, "samples": samples, "bytes": nbytes, "first_batch_seconds": first}
+    idle, total = (b - a for a, b in zip(stat0, cpu_ticks()))
+    return {"seconds": secs, "samples": samples, "bytes": nbytes, "first_batch_seconds": first,
+            "idle_pct": 100 * idle / max(total, 1)}
+
+
+def cpu_ticks():
+    """(idle, total) CPU ticks of the whole machine so far (/proc/stat)."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:8]]
+    return ticks[3] + ticks[4], sum(ticks)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -249,6 +264,16 @@ def find_pid(words):
         if argv and all(any(w == a or a.endswith("/" + w) for a in argv) for w in words):
             return int(d)
     return None
+
+
+def cpu_seconds(*pids):
+    """User plus system CPU time of the processes `pids` so far (all their threads)."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def peak_rss_mib(pid):
@@ -405,6 +430,11 @@ def median_row(results):
         "samples_per_s": med["samples"] / med["seconds"],
         "mb_per_s": med["bytes"] / 1e6 / med["seconds"],
         "first_batch_s": statistics.median(r["first_batch_seconds"] for r in results),
+        "idle_pct": statistics.median(r["idle_pct"] for r in results)
+        if all("idle_pct" in r for r in results) else None,
+        "service_cpu_ms_per_sample": statistics.median(
+            1000 * r["service_cpu_s"] / r["samples"] for r in results)
+        if all("service_cpu_s" in r for r in results) else None,
         "seconds": secs,
         "min_seconds": min(secs),
         "max_seconds": max(secs),
@@ -500,14 +530,21 @@ def main():
                         drop_caches()
                         paths = [os.path.join(mnt, n) for n in names]
                         key = ("rapidfs+helper" if helper else "rapidfs", lat, w)
-                        add(key, child_pass(python, {
+                        pids = (env.mounts[mnt], env.emulator.pid)
+                        cpu0 = cpu_seconds(*pids)
+                        res = child_pass(python, {
                             "kind": "files", "paths": paths, "order": order, "workers": w,
-                            "helper": helper, "mountpoint": mnt}, work))
+                            "helper": helper, "mountpoint": mnt}, work)
+                        res["service_cpu_s"] = cpu_seconds(*pids) - cpu0
+                        add(key, res)
                         env.unmount(mnt)
                     if "google" in rows:
-                        add(("google client", lat, w), child_pass(python, {
+                        cpu0 = cpu_seconds(env.emulator.pid)
+                        res = child_pass(python, {
                             "kind": "gcs", "endpoint": env.endpoint, "names": names,
-                            "order": order, "workers": w}, work))
+                            "order": order, "workers": w}, work)
+                        res["service_cpu_s"] = cpu_seconds(env.emulator.pid) - cpu0
+                        add(("google client", lat, w), res)
                 if "raw" in rows:
                     add(("raw rust", lat, 1),
                         raw_pass(raw_binary, env, names, sizes, order, work))
@@ -546,12 +583,15 @@ def report(results, extra, sample, sample_bytes, runs, budget_mb):
           f"{sample} files ({sample_bytes / MiB:.0f} MiB); median of {runs} run(s); "
           f"{cores} cores shared by emulator, daemon and DataLoader; kernel {kernel}")
     print(f"{'row':<28} {'latency':>8} {'workers':>7} {'samples/s':>10} {'MB/s':>8} "
-          f"{'1st batch s':>11}")
+          f"{'1st batch s':>11} {'idle %':>6} {'svc cpu ms':>10}")
     for (name, lat, w), r in rows.items():
         lat_s = "-" if name.startswith("local") else f"{lat / 1000:g} ms"
         w_s = "1 proc" if name == "raw rust" else str(w)
+        svc = r["service_cpu_ms_per_sample"]
+        svc_s = "-" if svc is None else f"{svc:.2f}"
+        idle_s = "-" if r["idle_pct"] is None else f"{r['idle_pct']:.0f}"
         print(f"{name:<28} {lat_s:>8} {w_s:>7} {r['samples_per_s']:>10.0f} "
-              f"{r['mb_per_s']:>8.0f} {r['first_batch_s']:>11.3f}")
+              f"{r['mb_per_s']:>8.0f} {r['first_batch_s']:>11.3f} {idle_s:>6} {svc_s:>10}")
 
     def sps(name, lat, w):
         r = rows.get((name, lat, w))
