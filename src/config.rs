@@ -177,7 +177,8 @@ pub struct ReadConfig {
     pub max_streams_per_object: usize,
     /// Object size that earns one more stream in an object's pool, in MiB.
     pub stream_per_mb: u64,
-    /// How long an object's streams stay open after its last handle closed, in milliseconds.
+    /// How long an object's streams stay open after its last handle closed, in milliseconds;
+    /// a small object's (up to `small_object_kb`, read whole) close with its last handle.
     pub stream_idle_ms: u64,
     /// Most objects whose streams are kept open at once (the warm pool bound).
     pub max_warm_objects: u64,

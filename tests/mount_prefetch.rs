@@ -263,6 +263,37 @@ fn a_hint_lists_each_folder_once_and_its_listings_answer_the_lookups() {
     assert_eq!(st.read_streams, folders * per, "{st:?}");
 }
 
+/// A small file read whole keeps no stream open once its last handle is closed: a warm
+/// stream would save its next reader nothing, and thousands of idle ones cost both ends CPU.
+#[test]
+fn a_small_files_stream_closes_with_its_last_handle() {
+    let env = Env::new(BUCKET);
+    let n = 20;
+    for i in 0..n {
+        env.put(BUCKET, &format!("closing/f{i:03}"), &data(700 + i, 50_000));
+    }
+    let mut cfg = env.config();
+    cfg.read.prefetch_dir_order = false;
+    let m = mount(&env, &cfg);
+    for i in 0..n {
+        let got = std::fs::read(m.p(&format!("closing/f{i:03}"))).expect("read");
+        assert!(got == data(700 + i, 50_000), "f{i:03}");
+    }
+    let start = std::time::Instant::now();
+    loop {
+        let st = env.emu().stats();
+        assert_eq!(st.read_streams, n, "{st:?}");
+        if st.read_streams_ended == n {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "streams left open after every handle closed: {st:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Sets its flag when dropped.
 struct StopOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
 

@@ -162,13 +162,12 @@ impl Session {
         first_response: BidiReadObjectResponse,
         mut incoming: Streaming<BidiReadObjectRequest>,
     ) {
-        if !self.out.send(Ok(first_response)).await {
-            return;
+        if self.out.send(Ok(first_response)).await {
+            if let Err(Stop::Fail(status)) = self.serve(first, &mut incoming).await {
+                self.out.send(Err(status)).await;
+            }
         }
-        let result = self.serve(first, &mut incoming).await;
-        if let Err(Stop::Fail(status)) = result {
-            self.out.send(Err(status)).await;
-        }
+        add(&self.stats.read_streams_ended, 1);
     }
 
     async fn serve(

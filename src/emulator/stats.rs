@@ -10,6 +10,8 @@ pub struct StatsSnapshot {
     pub calls: u64,
     /// BidiReadObject streams opened (including failed/redirected opens).
     pub read_streams: u64,
+    /// BidiReadObject streams that opened and have since ended (closed by either side).
+    pub read_streams_ended: u64,
     /// BidiWriteObject streams opened.
     pub write_streams: u64,
     /// ReadRange entries received.
@@ -61,6 +63,7 @@ macro_rules! counters {
 counters!(
     calls,
     read_streams,
+    read_streams_ended,
     write_streams,
     ranges_requested,
     bytes_requested,

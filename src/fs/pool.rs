@@ -4,8 +4,8 @@
 //! The pool starts with one stream, opened at the first read with that read's range in its
 //! first message (one round trip for a cold small file), and grows (up to a size-based
 //! limit) only when every stream already has several ranges outstanding. Broken streams are
-//! dropped and replaced on the next read. The pool outlives its handles for a while (see
-//! `read.rs`), so reopening a file finds its streams warm.
+//! dropped and replaced on the next read. A large object's pool outlives its handles for a
+//! while (see `read.rs`), so reopening the file finds its streams warm.
 
 use crate::gcs::{self, BidiReader, Client};
 use std::sync::atomic::{AtomicBool, Ordering};

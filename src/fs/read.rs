@@ -7,8 +7,10 @@
 //! requests wait on: with many readers the kernel has more requests outstanding than memory
 //! allows, and the blocks they fetch and the copies they reply with must fit too).
 //!
-//! - A small object (up to `read.small_object_kb`) is fetched whole, in one range, at its
-//!   first read, and served from the cache after that.
+//! - A small object (up to `read.small_object_kb`) is fetched whole, in one range, when it is
+//!   opened (at its first read when the read-ahead budget is spent), and served from the
+//!   cache after that; its stream closes with its last handle. Only large objects' streams
+//!   stay warm.
 //! - A sequential reader fetches whole blocks and prefetches a window ahead of itself.
 //! - A random read fetches only its own bytes (the kernel asks for whole pages), unless the
 //!   cache already holds them.
@@ -232,7 +234,7 @@ impl ReadPath {
         let streams = usize::try_from(1 + meta.size / self.bytes_per_stream)
             .unwrap_or(usize::MAX)
             .min(self.max_streams);
-        let pool = self.pools.get_with((key.clone(), meta.generation), || {
+        let new_pool = || {
             Arc::new(StreamPool::new(
                 self.client.clone(),
                 self.bucket.clone(),
@@ -240,7 +242,17 @@ impl ReadPath {
                 meta.generation,
                 streams,
             ))
-        });
+        };
+        // A small object is read whole in one range: a warm stream would save its next
+        // reader nothing (a new stream carries the range in its first message), and
+        // thousands of idle streams cost both ends CPU on every frame. Its stream closes
+        // with its last handle.
+        let pool = if meta.size <= self.small {
+            new_pool()
+        } else {
+            self.pools
+                .get_with((key.clone(), meta.generation), new_pool)
+        };
         Handle {
             key,
             generation: meta.generation,
@@ -279,10 +291,13 @@ impl ReadPath {
         });
     }
 
-    /// The handle is closed: its streams stay warm for `read.stream_idle_ms` from now.
+    /// The handle is closed: the streams of a large object stay warm for
+    /// `read.stream_idle_ms` from now.
     pub fn release(&self, h: &Handle) {
-        self.pools
-            .insert((h.key.clone(), h.generation), h.pool.clone());
+        if h.size > self.small {
+            self.pools
+                .insert((h.key.clone(), h.generation), h.pool.clone());
+        }
     }
 
     /// Reads up to `len` bytes at `offset`, clipped to the size the handle opened.
