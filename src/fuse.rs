@@ -1,12 +1,11 @@
 //! The only module that knows fuser: decode kernel requests, call `fs`, reply.
 //!
-//! Every request that may touch the network is handed to a tokio task and answered from
-//! there, so no request waits behind another's round trip. What `fs` can answer from its
-//! caches alone (a listed lookup, an open with fresh metadata, a reading handle's release, a
-//! read of cached bytes) is answered on the FUSE thread: waking a runtime worker would cost
-//! more than the answer. No
-//! filesystem logic lives here: only type conversions, the init negotiation and the mount
-//! options.
+//! Every request that may wait on the network is answered from a tokio task, so no request
+//! waits behind another's round trip. What `fs` can answer from its caches alone (a listed
+//! lookup, an open with fresh metadata, a reading handle's release, a read of cached bytes)
+//! is answered on the FUSE thread: waking a runtime worker would cost more than the answer.
+//! A read is polled once there and moves to a task only when it has to wait. No filesystem
+//! logic lives here: only type conversions, the init negotiation and the mount options.
 
 use crate::fs::{Attr, Errno as FsErrno, Fs, FsResult, Kind, Opened, SetAttr};
 use fuser::{
