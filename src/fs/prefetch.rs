@@ -51,7 +51,7 @@ pub struct Counters {
     pub used: AtomicU64,
     /// Loaded files evicted before anyone read them.
     pub evicted_unused: AtomicU64,
-    /// Files already cached or in flight when their turn came.
+    /// Files already cached, in flight or opened by a reader when their turn came.
     pub present: AtomicU64,
     /// Files too large to prefetch whole.
     pub skipped_large: AtomicU64,
@@ -85,7 +85,7 @@ pub struct PrefetchStats {
     pub prefetch_used: u64,
     /// Loaded files evicted unread.
     pub prefetch_evicted_unused: u64,
-    /// Files found already cached or in flight.
+    /// Files found already cached, in flight or opened by a reader.
     pub prefetch_present: u64,
     /// Files too large to prefetch whole.
     pub prefetch_skipped_large: u64,
@@ -159,8 +159,11 @@ enum Upcoming {
     Load(ObjMeta),
     /// Load it if it turns out small; its metadata must be fetched first.
     Unknown,
-    /// Leave it: not a file, too large, or the kernel's page cache holds it.
+    /// Leave it: not a file, or too large.
     Skip,
+    /// Leave it: a reader opened this version, so the kernel's page cache holds it or the
+    /// reader is fetching it.
+    Held,
 }
 
 /// Prefetch state of a mount.
@@ -258,7 +261,7 @@ impl Fs {
                 // The kernel serves this version from its page cache: loading it again
                 // would only fill our cache with bytes nobody asks for.
                 if inode.page_cache_holds(m.identity()) {
-                    return Upcoming::Skip;
+                    return Upcoming::Held;
                 }
                 return judge(m);
             }
@@ -280,7 +283,7 @@ impl Fs {
             let plan = self.upcoming(&keys[n]);
             plans.push(plan);
             match plan {
-                Upcoming::Skip => 0,
+                Upcoming::Skip | Upcoming::Held => 0,
                 Upcoming::Load(m) => m.size,
                 Upcoming::Unknown => GUESSED_SIZE,
             }
@@ -288,7 +291,7 @@ impl Fs {
         let mut started = 0;
         for (n, plan) in range.into_iter().zip(plans) {
             match plan {
-                Upcoming::Skip => continue,
+                Upcoming::Skip | Upcoming::Held => continue,
                 Upcoming::Load(m) => self.spawn_load(keys[n].clone(), Some(m)),
                 Upcoming::Unknown => self.spawn_load(keys[n].clone(), None),
             }
@@ -423,14 +426,17 @@ impl Fs {
         });
     }
 
-    /// Loads `key` whole if it is small (`None` when it is not, or needs no load); metadata
-    /// looked up when unknown.
+    /// Loads `key` whole if it is small (`None` when it is not); metadata looked up when
+    /// unknown.
     async fn load_small(&self, key: &str, meta: Option<ObjMeta>) -> Result<Option<Loaded>, ()> {
         let i = &self.inner;
-        let meta = match meta.map_or_else(|| self.upcoming(key), Upcoming::Load) {
-            Upcoming::Load(m) => m,
-            Upcoming::Skip => return Ok(None),
-            Upcoming::Unknown => self.unknown_meta(key).await?,
+        // Judged again now that its turn has come: a reader may have opened (and read, and
+        // dropped from the cache) the file while the load waited for a slot.
+        let meta = match (self.upcoming(key), meta) {
+            (Upcoming::Held, _) => return Ok(Some(Loaded::Present)),
+            (Upcoming::Skip, _) => return Ok(None),
+            (Upcoming::Load(m), _) | (Upcoming::Unknown, Some(m)) => m,
+            (Upcoming::Unknown, None) => self.unknown_meta(key).await?,
         };
         if meta.size > i.reads.small_limit() {
             return Ok(None);
