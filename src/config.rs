@@ -192,6 +192,8 @@ pub struct ReadConfig {
     pub prefetch_parallel: usize,
     /// Prefetch the next files of a directory when a process opens its files in listing order.
     pub prefetch_dir_order: bool,
+    /// Bytes of the most recently opened files the kernel's page cache is assumed to hold, in MiB: those are not prefetched again, older ones are; 0 means half the machine's memory.
+    pub prefetch_page_cache_mb: u64,
 }
 
 impl Default for ReadConfig {
@@ -210,6 +212,7 @@ impl Default for ReadConfig {
             prefetch_max_files: 512,
             prefetch_parallel: 16,
             prefetch_dir_order: true,
+            prefetch_page_cache_mb: 0,
         }
     }
 }

@@ -443,6 +443,75 @@ fn settle(ctl: &mut Ctl) {
     }
 }
 
+/// A hinted epoch after the kernel dropped the last epoch's pages (a dataset larger than the
+/// page cache; here `posix_fadvise(DONTNEED)` drops them) is prefetched again when the files
+/// were opened longer ago than `read.prefetch_page_cache_mb` of opens, and every file loaded
+/// is then read from the prefetched bytes. With the default (half the machine's memory) the
+/// same files count as held by the page cache and are not loaded again.
+#[test]
+fn a_later_epoch_prefetches_again_what_the_page_cache_cannot_hold() {
+    use std::os::fd::AsRawFd;
+    let env = Env::new(BUCKET);
+    // Small enough for the kernel to read each whole in one request, so that a read drops
+    // it from the block cache and the next epoch's reads find only what is loaded again.
+    let (files, size) = (40u64, 100 * 1024);
+    let paths: Vec<String> = (0..files).map(|i| format!("pc/f{i:03}")).collect();
+    for (i, p) in paths.iter().enumerate() {
+        env.put(BUCKET, p, &data(3000 + i as u64, size));
+    }
+    for (span_mb, loaded_again) in [(1, true), (0, false)] {
+        let mut cfg = env.config();
+        cfg.read.prefetch_dir_order = false;
+        cfg.read.prefetch_page_cache_mb = span_mb;
+        let m = mount(&env, &cfg);
+        let mut ctl = Ctl::connect(&m.socket());
+        let mut issued = Vec::new();
+        let mut used = Vec::new();
+        for _epoch in 0..2 {
+            let hint = ctl.call(json!({"op": "hint", "paths": paths}));
+            assert_eq!(hint["ok"], true, "{hint}");
+            settle(&mut ctl);
+            for (i, p) in paths.iter().enumerate() {
+                use std::io::Read;
+                let mut f = std::fs::File::open(m.p(p)).expect("open");
+                let mut got = Vec::new();
+                f.read_to_end(&mut got).expect("read");
+                assert!(got == data(3000 + i as u64, size), "{p}");
+                // SAFETY: an advice call on an open descriptor.
+                let r =
+                    unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+                assert_eq!(r, 0, "fadvise");
+            }
+            let st = ctl.call(json!({"op": "stats"}));
+            issued.push(st["prefetch_issued"].as_u64().expect("issued"));
+            used.push(st["prefetch_used"].as_u64().expect("used"));
+        }
+        assert_eq!(
+            (issued[0], used[0]),
+            (files, files),
+            "first epoch, span {span_mb} MiB"
+        );
+        let (again, used_again) = (issued[1] - issued[0], used[1] - used[0]);
+        if loaded_again {
+            // The files opened more than 1 MiB of opens before the second hint.
+            let total = files * size as u64;
+            let old = (1..=files)
+                .filter(|k| k * (size as u64) < total - (1 << 20))
+                .count() as u64;
+            assert_eq!(again, old, "span {span_mb} MiB");
+            assert_eq!(
+                used_again, again,
+                "every file loaded again is read from its load"
+            );
+        } else {
+            assert_eq!(
+                again, 0,
+                "default span: the page cache counts as holding them"
+            );
+        }
+    }
+}
+
 /// `rapidfs prefetch DIR` loads a directory tree through the socket: reading it afterwards
 /// costs no read stream and no byte from the emulator. A path outside any rapidfs mount is
 /// one line of error and a non-zero exit.

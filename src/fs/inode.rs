@@ -74,6 +74,8 @@ struct InodeState {
     meta: Option<ObjMeta>,
     checked: Option<Instant>,
     page_cache_identity: Option<(i64, u64)>,
+    /// The mount's open clock (bytes opened so far) at the last open.
+    opened_at: u64,
 }
 
 impl Inode {
@@ -118,18 +120,22 @@ impl Inode {
         s.page_cache_identity = Some(meta.identity());
     }
 
-    /// True when the kernel's page cache was filled with this identity by an earlier open
-    /// (so an open now would keep it, and reads may never reach the daemon).
-    pub fn page_cache_holds(&self, identity: (i64, u64)) -> bool {
-        self.state().page_cache_identity == Some(identity)
+    /// True when the kernel's page cache was filled with this identity by an open at or
+    /// after `since` on the mount's open clock (so reads may never reach the daemon). Pages of
+    /// older opens are assumed evicted: the page cache cannot hold a dataset larger than memory.
+    pub fn page_cache_holds(&self, identity: (i64, u64), since: u64) -> bool {
+        let s = self.state();
+        s.page_cache_identity == Some(identity) && s.opened_at >= since
     }
 
-    /// Records the identity a new open will read and says whether the kernel's page cache,
-    /// filled under the previous open, still holds the same bytes (FOPEN_KEEP_CACHE).
-    pub fn note_open(&self, identity: (i64, u64)) -> bool {
+    /// Records the identity a new open will read, at `clock` on the mount's open clock, and
+    /// says whether the kernel's page cache, filled under the previous open, holds the same
+    /// bytes (FOPEN_KEEP_CACHE: if the kernel evicted them meanwhile, keeping costs nothing).
+    pub fn note_open(&self, identity: (i64, u64), clock: u64) -> bool {
         let mut s = self.state();
         let keep = s.page_cache_identity == Some(identity);
         s.page_cache_identity = Some(identity);
+        s.opened_at = clock;
         keep
     }
 }
@@ -159,6 +165,7 @@ impl InodeTable {
                 meta: None,
                 checked: None,
                 page_cache_identity: None,
+                opened_at: 0,
             }),
         });
         let mut by_ino = HashMap::new();
@@ -224,6 +231,7 @@ impl InodeTable {
                         meta: None,
                         checked: None,
                         page_cache_identity: None,
+                        opened_at: 0,
                     }),
                 });
                 t.by_ino.insert(ino, inode.clone());
@@ -365,9 +373,20 @@ mod tests {
     fn keep_cache_only_for_the_same_identity() {
         let t = InodeTable::new(String::new());
         let a = t.lookup("a", Kind::File, None);
-        assert!(!a.note_open((1, 10)));
-        assert!(a.note_open((1, 10)));
-        assert!(!a.note_open((2, 10)));
-        assert!(!a.note_open((2, 11)));
+        assert!(!a.note_open((1, 10), 0));
+        assert!(a.note_open((1, 10), 0));
+        assert!(!a.note_open((2, 10), 0));
+        assert!(!a.note_open((2, 11), 0));
+    }
+
+    #[test]
+    fn the_page_cache_holds_only_recent_opens_of_the_same_identity() {
+        let t = InodeTable::new(String::new());
+        let a = t.lookup("a", Kind::File, None);
+        assert!(!a.page_cache_holds((1, 10), 0), "never opened");
+        a.note_open((1, 10), 500);
+        assert!(a.page_cache_holds((1, 10), 500));
+        assert!(!a.page_cache_holds((1, 10), 501), "opened too long ago");
+        assert!(!a.page_cache_holds((2, 10), 0), "another version");
     }
 }

@@ -515,7 +515,8 @@ impl Fs {
 
     /// A reading handle of `inode` pinned to the version `meta` describes.
     fn open_at(&self, inode: &Inode, meta: &ObjMeta) -> Opened {
-        let keep_cache = inode.note_open(meta.identity());
+        let clock = self.inner.prefetch.open_clock(meta.size);
+        let keep_cache = inode.note_open(meta.identity(), clock);
         let key = inode.key();
         let handle = Arc::new(self.inner.reads.open(&key, meta));
         self.inner.reads.fetch_on_open(&handle);

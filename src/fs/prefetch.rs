@@ -175,6 +175,10 @@ pub struct Prefetch {
     parallel_n: usize,
     hints: Mutex<HashMap<u64, Arc<Order>>>,
     dirs: Mutex<HashMap<String, DirScan>>,
+    /// The open clock: bytes of all files opened so far. A file opened more than
+    /// `page_cache_span` bytes of opens ago is assumed gone from the kernel's page cache.
+    opened: AtomicU64,
+    page_cache_span: u64,
 }
 
 impl Prefetch {
@@ -188,8 +192,39 @@ impl Prefetch {
             parallel_n: read.prefetch_parallel.max(1),
             hints: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
+            opened: AtomicU64::new(0),
+            page_cache_span: match read.prefetch_page_cache_mb {
+                0 => physical_memory() / 2,
+                mb => mb.saturating_mul(1024 * 1024),
+            },
         }
     }
+
+    /// Moves the open clock past a file of `size` bytes being opened; returns the new time.
+    pub fn open_clock(&self, size: u64) -> u64 {
+        self.opened.fetch_add(size, Ordering::Relaxed) + size
+    }
+
+    /// Opens at or after this time on the open clock are assumed still in the page cache.
+    fn page_cache_since(&self) -> u64 {
+        self.opened
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.page_cache_span)
+    }
+}
+
+/// Bytes of physical memory (0 when unknown: then nothing counts as held).
+fn physical_memory() -> u64 {
+    // SAFETY: sysconf only reads system configuration.
+    let (pages, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    u64::try_from(pages)
+        .unwrap_or(0)
+        .saturating_mul(u64::try_from(page).unwrap_or(0))
 }
 
 /// Notes that position `at` was opened (none: the order just arrived) and returns the next
@@ -260,7 +295,7 @@ impl Fs {
             if let Some(m) = inode.meta().0 {
                 // The kernel serves this version from its page cache: loading it again
                 // would only fill our cache with bytes nobody asks for.
-                if inode.page_cache_holds(m.identity()) {
+                if inode.page_cache_holds(m.identity(), i.prefetch.page_cache_since()) {
                     return Upcoming::Held;
                 }
                 return judge(m);

@@ -71,7 +71,7 @@ impl Fs {
             crtime: now,
         };
         let inode = i.inodes.lookup(&key, Kind::File, Some(meta));
-        inode.note_open(meta.identity());
+        inode.note_open(meta.identity(), i.prefetch.open_clock(0));
         let fh = i.next_fh.fetch_add(1, Ordering::Relaxed);
         lock(&i.files).insert(fh, Arc::new(i.reads.open(&key, &meta)));
         i.writes.attach_created(fh, &inode, w);
