@@ -213,7 +213,7 @@ impl Prefetch {
     }
 }
 
-/// Bytes of physical memory (0 when unknown: then nothing counts as held).
+/// Bytes of physical memory (0 when unknown: then only the latest open counts as held).
 fn physical_memory() -> u64 {
     // SAFETY: sysconf only reads system configuration.
     let (pages, page) = unsafe {
