@@ -66,18 +66,11 @@ def two_epochs(binary, endpoint, span_mb):
     """Second-epoch files/s of a fresh mount with `read.prefetch_page_cache_mb = span_mb`."""
     with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as cfg:
         cfg.write("[read]\nprefetch_page_cache_mb = %d\n" % span_mb)
-    mountpoint = os.path.realpath(tempfile.mkdtemp(prefix="rapidfs-epoch-"))
-    daemon = subprocess.Popen(
-        [binary, "mount", bench.BUCKET, mountpoint, "--foreground", "--endpoint", endpoint,
-         "--config", cfg.name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    mount = bench.Mount(binary, endpoint, config=cfg.name)
     try:
-        deadline = time.time() + 60
-        while not os.path.ismount(mountpoint):
-            if time.time() > deadline or daemon.poll() is not None:
-                raise SystemExit("the mount did not come up")
-            time.sleep(0.05)
+        # One connection for both epochs: a hint lasts as long as its connection.
         ctl = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        ctl.connect(socket_path(mountpoint))
+        ctl.connect(socket_path(mount.path))
         replies = ctl.makefile("rb")
         rate = None
         for epoch in range(2):
@@ -85,15 +78,13 @@ def two_epochs(binary, endpoint, span_mb):
                      for i in random.Random(epoch).sample(range(FILES), FILES)]
             ctl.sendall((json.dumps({"op": "hint", "paths": order}) + "\n").encode())
             replies.readline()
-            rate = read_epoch(mountpoint, order)
+            rate = read_epoch(mount.path, order)
             subprocess.run(["sh", "-c", "sync; echo 1 > /proc/sys/vm/drop_caches"], check=True)
         ctl.close()
         return rate
     finally:
-        subprocess.run(["fusermount3", "-u", mountpoint], check=False)
-        daemon.wait()
+        mount.stop()
         os.unlink(cfg.name)
-        os.rmdir(mountpoint)
 
 
 def main():

@@ -168,12 +168,14 @@ class Emulator:
 class Mount:
     """A foreground daemon (its pid is ours to sample) on a fresh mountpoint."""
 
-    def __init__(self, binary, endpoint, memory_mb=None):
+    def __init__(self, binary, endpoint, memory_mb=None, config=None):
         self.dir = tempfile.mkdtemp(prefix="rapidfs-bench-")
         self.path = os.path.realpath(self.dir)
         cmd = [binary, "mount", BUCKET, self.path, "--foreground", "--endpoint", endpoint]
         if memory_mb:
             cmd += ["--memory-mb", str(memory_mb)]
+        if config:
+            cmd += ["--config", config]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.time() + 60
         while not os.path.ismount(self.path):

@@ -201,7 +201,7 @@ impl Prefetch {
     }
 
     /// Moves the open clock past a file of `size` bytes being opened; returns the new time.
-    pub fn open_clock(&self, size: u64) -> u64 {
+    pub(super) fn open_clock(&self, size: u64) -> u64 {
         self.opened.fetch_add(size, Ordering::Relaxed) + size
     }
 
