@@ -17,6 +17,9 @@ first batch (from creating the iterator, so worker start-up counts).
 Rows, each with DataLoader workers 0, 2 and 4 unless said:
   local cold       the dataset directory after `drop_caches` (read from the disk);
   local warm       the same with the sample in the page cache;
+  fuse passthrough bindfs (defaults) over the dataset directory, caches dropped: what any FUSE
+                   filesystem costs on this machine with no network and no server behind it
+                   (the ceiling of a FUSE design here, to read the local-cold ratio against);
   rapidfs          a fresh `rapidfs mount` (caches dropped) of a separate `rapidfs emulator
                    --memory` process preloaded with the dataset, at 0, 1 and 5 ms latency;
   rapidfs+helper   the same with python/rapidfs_sampler.py's RapidfsSampler sending the order
@@ -35,11 +38,12 @@ Rows, each with DataLoader workers 0, 2 and 4 unless said:
 Two more columns say where the time goes: "idle %", the share of the machine's CPU time left
 idle during the pass (from the first `next()` to the last batch), and "svc cpu ms", the CPU
 time per sample of what serves the bytes besides the DataLoader: the daemon plus the emulator
-for rapidfs rows, the emulator for the Google client (whose own CPU is in its workers).
+for rapidfs rows, bindfs for the passthrough, the emulator for the Google client (whose own
+CPU is in its workers).
 
 Every figure is the median of the runs (min and max in the JSON); ratios are against rows of
 the same run. The emulator, the daemon and the DataLoader share the machine's cores.
-Writes target/bench-results/workload.json. Needs root (drop_caches, mounts), fuse3, and a
+Writes target/bench-results/workload.json. Needs root (drop_caches, mounts), fuse3, bindfs, and a
 Python with torch and google-cloud-storage[grpc] (tests/setup.sh's venv; the script re-runs
 itself under $RAPIDFS_PYTHON or ~/.cache/rapidfs/venv when its own Python lacks them).
 Talks to nothing but 127.0.0.1. Unmounts everything and stops the emulator on any exit.
@@ -66,7 +70,7 @@ MiB = 1 << 20
 FILES = 20_000
 CLASSES = 100
 BATCH = 32
-ROWS = ("local", "rapidfs", "helper", "google", "raw", "budget")
+ROWS = ("local", "passthrough", "rapidfs", "helper", "google", "raw", "budget")
 BUCKET = "bench"
 SEED = 9
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -338,6 +342,19 @@ class Env:
                 self.emulator.wait()
         self.emulator = None
 
+    def mount_passthrough(self, root):
+        """bindfs with its defaults over `root`: the FUSE baseline without a network."""
+        if shutil.which("bindfs") is None:
+            raise RuntimeError("bindfs is missing (tests/setup.sh installs it)")
+        self.n += 1
+        mnt = os.path.join(self.work, f"mnt{self.n}")
+        os.makedirs(mnt)
+        r = subprocess.run(["bindfs", root, mnt], capture_output=True, text=True, timeout=60)
+        if r.returncode != 0:
+            raise RuntimeError(f"bindfs failed: {r.stderr.strip()}")
+        self.mounts[mnt] = find_pid(["bindfs", mnt])
+        return mnt
+
     def mount(self, memory_mb=None):
         self.n += 1
         mnt = os.path.join(self.work, f"mnt{self.n}")
@@ -518,6 +535,17 @@ def main():
                     "kind": "files", "paths": paths, "order": order, "workers": w}, work))
                 add(("local warm", 0, w), child_pass(python, {
                     "kind": "files", "paths": paths, "order": order, "workers": w}, work))
+            for w in workers if "passthrough" in rows else ():
+                mnt = env.mount_passthrough(local_root)
+                drop_caches()
+                pid = env.mounts[mnt]
+                cpu0 = cpu_seconds(pid)
+                res = child_pass(python, {
+                    "kind": "files", "paths": [os.path.join(mnt, n) for n in names],
+                    "order": order, "workers": w}, work)
+                res["service_cpu_s"] = cpu_seconds(pid) - cpu0
+                add(("fuse passthrough cold", 0, w), res)
+                env.unmount(mnt)
             for lat in lats:
                 env.start_emulator(lat)
                 for w in workers:
@@ -585,7 +613,7 @@ def report(results, extra, sample, sample_bytes, runs, budget_mb):
     print(f"{'row':<28} {'latency':>8} {'workers':>7} {'samples/s':>10} {'MB/s':>8} "
           f"{'1st batch s':>11} {'idle %':>6} {'svc cpu ms':>10}")
     for (name, lat, w), r in rows.items():
-        lat_s = "-" if name.startswith("local") else f"{lat / 1000:g} ms"
+        lat_s = "-" if name.startswith(("local", "fuse")) else f"{lat / 1000:g} ms"
         w_s = "1 proc" if name == "raw rust" else str(w)
         svc = r["service_cpu_ms_per_sample"]
         svc_s = "-" if svc is None else f"{svc:.2f}"
@@ -617,6 +645,10 @@ def report(results, extra, sample, sample_bytes, runs, budget_mb):
     others = [
         ("rapidfs 4w 0 ms / raw rust 0 ms", ratio(sps("rapidfs", 0, 4), sps("raw rust", 0, 1))),
         ("rapidfs 4w 0 ms / local warm 4w", ratio(sps("rapidfs", 0, 4), sps("local warm", 0, 4))),
+        ("fuse passthrough cold 4w / local cold 4w",
+         ratio(sps("fuse passthrough cold", 0, 4), sps("local cold", 0, 4))),
+        ("rapidfs 4w 0 ms / fuse passthrough cold 4w",
+         ratio(sps("rapidfs", 0, 4), sps("fuse passthrough cold", 0, 4))),
     ]
     for what, val in others:
         shown = "not available" if val is None else f"{val:.2f}"
