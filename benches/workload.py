@@ -346,19 +346,21 @@ class Env:
         """bindfs with its defaults over `root`: the FUSE baseline without a network."""
         if shutil.which("bindfs") is None:
             raise RuntimeError("bindfs is missing (tests/setup.sh installs it)")
-        self.n += 1
-        mnt = os.path.join(self.work, f"mnt{self.n}")
-        os.makedirs(mnt)
+        mnt = self._mountpoint()
         r = subprocess.run(["bindfs", root, mnt], capture_output=True, text=True, timeout=60)
         if r.returncode != 0:
             raise RuntimeError(f"bindfs failed: {r.stderr.strip()}")
         self.mounts[mnt] = find_pid(["bindfs", mnt])
         return mnt
 
-    def mount(self, memory_mb=None):
+    def _mountpoint(self):
         self.n += 1
         mnt = os.path.join(self.work, f"mnt{self.n}")
         os.makedirs(mnt)
+        return mnt
+
+    def mount(self, memory_mb=None):
+        mnt = self._mountpoint()
         cmd = [self.binary, "mount", BUCKET, mnt, "--endpoint", f"http://{self.endpoint}",
                "--log-file", os.path.join(self.work, "mount.log")]
         if memory_mb is not None:
