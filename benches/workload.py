@@ -35,11 +35,14 @@ Rows, each with DataLoader workers 0, 2 and 4 unless said:
                    sample's bytes: emulator bytes sent / bytes read (emulator stats via
                    `--stats-file` + SIGUSR1) and the daemon's peak RSS against budget + 64 MiB.
 
-Two more columns say where the time goes: "idle %", the share of the machine's CPU time left
-idle during the pass (from the first `next()` to the last batch), and "svc cpu ms", the CPU
+Three more columns say where the time goes: "idle %", the share of the machine's CPU time left
+idle during the pass (from creating the iterator to the last batch); "svc cpu ms", the CPU
 time per sample of what serves the bytes besides the DataLoader: the daemon plus the emulator
 for rapidfs rows, bindfs for the passthrough, the emulator for the Google client (whose own
-CPU is in its workers).
+CPU is in its workers); and "busy cpu ms", the whole machine's busy CPU time per sample during
+the pass. From these the report works out what the 0.8x-local-cold target leaves the daemon:
+at that rate the machine has at most cores / rate of CPU per sample, of which the DataLoader
+side (busy minus serving) and the emulator take their measured shares first.
 
 Every figure is the median of the runs (min and max in the JSON); ratios are against rows of
 the same run. The emulator, the daemon and the DataLoader share the machine's cores.
@@ -196,7 +199,8 @@ def run_pass(spec):
     secs = time.perf_counter() - t0
     idle, total = (b - a for a, b in zip(stat0, cpu_ticks()))
     return {"seconds": secs, "samples": samples, "bytes": nbytes, "first_batch_seconds": first,
-            "idle_pct": 100 * idle / max(total, 1)}
+            "idle_pct": 100 * idle / max(total, 1),
+            "busy_cpu_s": (total - idle) / os.sysconf("SC_CLK_TCK")}
 
 
 def cpu_ticks():
@@ -442,6 +446,13 @@ def find_raw_binary():
     return max(found, key=os.path.getmtime)
 
 
+def per_sample_ms(results, field):
+    """Median over the passes of CPU seconds `field` per sample, in ms; None if unmeasured."""
+    if not all(field in r for r in results):
+        return None
+    return statistics.median(1000 * r[field] / r["samples"] for r in results)
+
+
 def median_row(results):
     secs = [r["seconds"] for r in results]
     med = sorted(results, key=lambda r: r["seconds"])[len(results) // 2]
@@ -451,9 +462,9 @@ def median_row(results):
         "first_batch_s": statistics.median(r["first_batch_seconds"] for r in results),
         "idle_pct": statistics.median(r["idle_pct"] for r in results)
         if all("idle_pct" in r for r in results) else None,
-        "service_cpu_ms_per_sample": statistics.median(
-            1000 * r["service_cpu_s"] / r["samples"] for r in results)
-        if all("service_cpu_s" in r for r in results) else None,
+        "service_cpu_ms_per_sample": per_sample_ms(results, "service_cpu_s"),
+        "daemon_cpu_ms_per_sample": per_sample_ms(results, "daemon_cpu_s"),
+        "busy_cpu_ms_per_sample": per_sample_ms(results, "busy_cpu_s"),
         "seconds": secs,
         "min_seconds": min(secs),
         "max_seconds": max(secs),
@@ -561,11 +572,12 @@ def main():
                         paths = [os.path.join(mnt, n) for n in names]
                         key = ("rapidfs+helper" if helper else "rapidfs", lat, w)
                         pids = (env.mounts[mnt], env.emulator.pid)
-                        cpu0 = cpu_seconds(*pids)
+                        cpu0, daemon0 = cpu_seconds(*pids), cpu_seconds(pids[0])
                         res = child_pass(python, {
                             "kind": "files", "paths": paths, "order": order, "workers": w,
                             "helper": helper, "mountpoint": mnt}, work)
                         res["service_cpu_s"] = cpu_seconds(*pids) - cpu0
+                        res["daemon_cpu_s"] = cpu_seconds(pids[0]) - daemon0
                         add(key, res)
                         env.unmount(mnt)
                     if "google" in rows:
@@ -604,6 +616,27 @@ def main():
     report(results, extra, sample, sample_bytes, runs, budget_mb)
 
 
+def daemon_budget(rows, cores):
+    """What the 0.8x-local-cold target leaves the daemon: at that rate the machine has at most
+    `cores / rate` CPU per sample; the DataLoader side (busy CPU minus what serves the bytes) and
+    the emulator take their measured shares of it first. None when a needed row is missing."""
+    local, fs = rows.get(("local cold", 0, 4)), rows.get(("rapidfs", 0, 4))
+    if not local or not fs or fs["busy_cpu_ms_per_sample"] is None \
+            or fs["daemon_cpu_ms_per_sample"] is None:
+        return None
+    machine = 1000 * cores / (0.8 * local["samples_per_s"])
+    loader = fs["busy_cpu_ms_per_sample"] - fs["service_cpu_ms_per_sample"]
+    emulator = fs["service_cpu_ms_per_sample"] - fs["daemon_cpu_ms_per_sample"]
+    bindfs = rows.get(("fuse passthrough cold", 0, 4))
+    at_idle = machine * (1 - fs["idle_pct"] / 100)
+    return {"machine": machine, "loader": loader, "emulator": emulator,
+            "daemon_allowed": machine - loader - emulator,
+            "rapidfs_idle_pct": fs["idle_pct"],
+            "daemon_allowed_at_rapidfs_idle": at_idle - loader - emulator,
+            "daemon": fs["daemon_cpu_ms_per_sample"],
+            "passthrough": bindfs["service_cpu_ms_per_sample"] if bindfs else None}
+
+
 def report(results, extra, sample, sample_bytes, runs, budget_mb):
     rows = {k: median_row(v) for k, v in results.items()}
     cores = os.cpu_count()
@@ -613,15 +646,18 @@ def report(results, extra, sample, sample_bytes, runs, budget_mb):
           f"{sample} files ({sample_bytes / MiB:.0f} MiB); median of {runs} run(s); "
           f"{cores} cores shared by emulator, daemon and DataLoader; kernel {kernel}")
     print(f"{'row':<28} {'latency':>8} {'workers':>7} {'samples/s':>10} {'MB/s':>8} "
-          f"{'1st batch s':>11} {'idle %':>6} {'svc cpu ms':>10}")
+          f"{'1st batch s':>11} {'idle %':>6} {'svc cpu ms':>10} {'busy cpu ms':>11}")
     for (name, lat, w), r in rows.items():
         lat_s = "-" if name.startswith(("local", "fuse")) else f"{lat / 1000:g} ms"
         w_s = "1 proc" if name == "raw rust" else str(w)
         svc = r["service_cpu_ms_per_sample"]
         svc_s = "-" if svc is None else f"{svc:.2f}"
         idle_s = "-" if r["idle_pct"] is None else f"{r['idle_pct']:.0f}"
+        busy = r["busy_cpu_ms_per_sample"]
+        busy_s = "-" if busy is None else f"{busy:.2f}"
         print(f"{name:<28} {lat_s:>8} {w_s:>7} {r['samples_per_s']:>10.0f} "
-              f"{r['mb_per_s']:>8.0f} {r['first_batch_s']:>11.3f} {idle_s:>6} {svc_s:>10}")
+              f"{r['mb_per_s']:>8.0f} {r['first_batch_s']:>11.3f} {idle_s:>6} {svc_s:>10} "
+              f"{busy_s:>11}")
 
     def sps(name, lat, w):
         r = rows.get((name, lat, w))
@@ -655,6 +691,16 @@ def report(results, extra, sample, sample_bytes, runs, budget_mb):
     for what, val in others:
         shown = "not available" if val is None else f"{val:.2f}"
         print(f"  {what:<44} {shown:>13}")
+    budget = daemon_budget(rows, cores)
+    if budget:
+        print("  CPU per sample at 0.8x local cold, 4w 0 ms (ms; the whole machine busy, no idle):"
+              f"\n    machine {budget['machine']:.2f} - DataLoader side {budget['loader']:.2f}"
+              f" - emulator {budget['emulator']:.2f} = {budget['daemon_allowed']:.2f} left for"
+              f" the daemon ({budget['daemon_allowed_at_rapidfs_idle']:.2f} if the machine stays"
+              f" {budget['rapidfs_idle_pct']:.0f}% idle as in the rapidfs pass), which spent"
+              f" {budget['daemon']:.2f}"
+              + ("" if budget["passthrough"] is None
+                 else f"; bindfs spent {budget['passthrough']:.2f} with no network behind it"))
     four = extra.get("four_x", [])
     if four:
         fr = statistics.median(x["fetched_ratio"] for x in four)
@@ -676,6 +722,7 @@ def report(results, extra, sample, sample_bytes, runs, budget_mb):
                  for k, v in rows.items()],
         "targets": [{"what": w, "value": v, "target": t} for w, v, t in targets],
         "four_x_budget": four,
+        "daemon_cpu_budget_at_target": budget,
     }
     d = os.path.join(REPO, "target", "bench-results")
     os.makedirs(d, exist_ok=True)
