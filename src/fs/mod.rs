@@ -519,7 +519,6 @@ impl Fs {
         let keep_cache = inode.note_open(meta.identity(), clock);
         let key = inode.key();
         let handle = Arc::new(self.inner.reads.open(&key, meta));
-        self.inner.reads.fetch_on_open(&handle);
         self.prefetch_on_open(&key);
         let fh = self.inner.next_fh.fetch_add(1, Ordering::Relaxed);
         lock(&self.inner.files).insert(fh, handle);

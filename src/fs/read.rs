@@ -7,10 +7,10 @@
 //! requests wait on: with many readers the kernel has more requests outstanding than memory
 //! allows, and the blocks they fetch and the copies they reply with must fit too).
 //!
-//! - A small object (up to `read.small_object_kb`) is fetched whole, in one range, when it is
-//!   opened (at its first read when the read-ahead budget is spent), and served from the
-//!   cache after that; its stream closes with its last handle. Only large objects' streams
-//!   stay warm.
+//! - A small object (up to `read.small_object_kb`) is fetched whole, in one range, at its
+//!   first read: straight to the reader when that read asks for all of it (the kernel's page
+//!   cache keeps it then), else into the cache, which serves its other reads. Its stream
+//!   closes with its last handle. Only large objects' streams stay warm.
 //! - A sequential reader fetches whole blocks and prefetches a window ahead of itself.
 //! - A random read fetches only its own bytes (the kernel asks for whole pages), unless the
 //!   cache already holds them.
@@ -74,11 +74,6 @@ pub struct Handle {
     size: u64,
     pool: Arc<StreamPool>,
     seq: Mutex<Sequential>,
-    /// Orders the fetch started at open against the first read: the fetch holds it while it
-    /// runs, and the first read sets it (`true`: the read took over, the fetch is not wanted:
-    /// a small file read whole leaves the cache at once, and a fetch after that would be a
-    /// second download).
-    read_started: tokio::sync::Mutex<bool>,
 }
 
 impl ReadPath {
@@ -217,6 +212,15 @@ impl ReadPath {
         Ok(h.size)
     }
 
+    /// True when small object `h` is in the cache, or a prefetch of it has begun: a read then
+    /// takes it from there (joining the load in flight) instead of fetching it again.
+    fn cached_or_loading(&self, h: &Handle) -> bool {
+        self.prefetched.contains_key(&(h.key.clone(), h.generation))
+            || self
+                .blocks
+                .contains_key(&(h.key.clone(), h.generation, WHOLE))
+    }
+
     /// A read of a prefetched object: counted once as a prefetch used.
     fn note_use(&self, h: &Handle) {
         if self
@@ -259,36 +263,7 @@ impl ReadPath {
             size: meta.size,
             pool,
             seq: Mutex::new(Sequential::new(self.readahead_initial, self.readahead_max)),
-            read_started: tokio::sync::Mutex::new(false),
         }
-    }
-
-    /// Starts fetching small object `h` whole as it is opened, so that its first read, a few
-    /// hand-offs later (kernel, reader, kernel, FUSE thread), joins bytes already arriving
-    /// instead of opening the stream itself. Skipped when the read-ahead budget is spent.
-    pub fn fetch_on_open(&self, h: &Arc<Handle>) {
-        if h.size == 0
-            || h.size > self.small
-            || self
-                .blocks
-                .contains_key(&(h.key.clone(), h.generation, WHOLE))
-        {
-            return;
-        }
-        let permits = u32::try_from(h.size.div_ceil(PERMIT_BYTES)).unwrap_or(u32::MAX);
-        let Ok(permit) = self.prefetch_budget.clone().try_acquire_many_owned(permits) else {
-            return;
-        };
-        let (path, h) = (self.clone(), h.clone());
-        tokio::spawn(async move {
-            let read_started = h.read_started.lock().await;
-            if !*read_started {
-                if let Err(e) = path.cached(&h, WHOLE, 0, h.size).await {
-                    tracing::debug!(errno = e.0, "fetch on open failed; the read fetches again");
-                }
-            }
-            drop((read_started, permit));
-        });
     }
 
     /// The handle is closed: the streams of a large object stay warm for
@@ -321,7 +296,19 @@ impl ReadPath {
             .await
             .map_err(|_| Errno::EIO)?;
         if h.size <= self.small {
-            *h.read_started.lock().await = true;
+            if offset == 0 && end == h.size && !self.cached_or_loading(h) {
+                // Read whole in one request and loaded by nobody else: it goes straight to
+                // the reader, whose page cache keeps it. Passing it through the block cache
+                // would cost an insert and an eviction for nothing.
+                let whole = h
+                    .pool
+                    .read(0, h.size)
+                    .await
+                    .map_err(|e| super::error::log_err("read", &h.key, &e))?;
+                self.counters
+                    .bump(&self.counters.demand_bytes, whole.len() as u64);
+                return Ok(crate::metrics::cache_lookup(false, whole));
+            }
             let whole = self.cached(h, WHOLE, 0, h.size).await?;
             self.note_use(h);
             if offset == 0 && end == h.size {
