@@ -300,13 +300,7 @@ impl ReadPath {
                 // Read whole in one request and loaded by nobody else: it goes straight to
                 // the reader, whose page cache keeps it. Passing it through the block cache
                 // would cost an insert and an eviction for nothing.
-                let whole = h
-                    .pool
-                    .read(0, h.size)
-                    .await
-                    .map_err(|e| super::error::log_err("read", &h.key, &e))?;
-                self.counters
-                    .bump(&self.counters.demand_bytes, whole.len() as u64);
+                let whole = self.fetch_uncached(h, 0, h.size).await?;
                 return Ok(crate::metrics::cache_lookup(false, whole));
             }
             let whole = self.cached(h, WHOLE, 0, h.size).await?;
@@ -337,16 +331,21 @@ impl ReadPath {
                 if let Some(b) = self.cached_range(h, offset, end).await {
                     return Ok(b);
                 }
-                let got = h
-                    .pool
-                    .read(offset, end - offset)
-                    .await
-                    .map_err(|e| super::error::log_err("read", &h.key, &e))?;
-                self.counters
-                    .bump(&self.counters.demand_bytes, got.len() as u64);
-                Ok(got)
+                self.fetch_uncached(h, offset, end).await
             }
         }
+    }
+
+    /// Bytes `[offset, end)` straight from the object's streams, past the block cache.
+    async fn fetch_uncached(&self, h: &Handle, offset: u64, end: u64) -> FsResult<Bytes> {
+        let got = h
+            .pool
+            .read(offset, end - offset)
+            .await
+            .map_err(|e| super::error::log_err("read", &h.key, &e))?;
+        self.counters
+            .bump(&self.counters.demand_bytes, got.len() as u64);
+        Ok(got)
     }
 
     /// Bytes `[offset, end)` from whole blocks, fetching (once) the blocks not yet cached.
