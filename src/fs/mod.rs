@@ -367,9 +367,9 @@ impl Fs {
         }
     }
 
-    /// A fresh listing of directory `dkey` when one page holds all of it, from one call that
-    /// every concurrent caller shares (a lookup joins the listing prefetch started, and the
-    /// other way round). `None`: the directory is large, listings are not cached, or the call
+    /// A fresh listing of directory `dkey` when one page holds all of it: the cached one, or
+    /// else one call that every concurrent caller shares (a lookup joins the listing prefetch
+    /// started, and the other way round). `None`: the directory is large, listings are not cached, or the call
     /// failed; the caller asks for what it needs by name.
     pub(super) async fn whole_listing(&self, dkey: &str) -> Option<Arc<Listing>> {
         let i = &self.inner;
@@ -377,10 +377,21 @@ impl Fs {
         if large.contains_key(dkey) {
             return None;
         }
-        let call = lock(&i.listing_now)
-            .entry(dkey.to_string())
-            .or_default()
-            .clone();
+        let call = {
+            let mut now = lock(&i.listing_now);
+            match now.get(dkey) {
+                Some(call) => call.clone(),
+                None => {
+                    // Checked under the lock: a call that has just ended cached its listing
+                    // before it left `listing_now`, so a caller arriving after it finds that
+                    // listing instead of listing the directory again.
+                    if let Some(listing) = listings.get(dkey) {
+                        return Some(listing);
+                    }
+                    now.entry(dkey.to_string()).or_default().clone()
+                }
+            }
+        };
         let listing = call
             .get_or_init(|| async {
                 let req = list_request(dkey, i.list_options.page_size);
@@ -735,5 +746,36 @@ impl std::fmt::Debug for Fs {
         f.debug_struct("Fs")
             .field("bucket", &self.inner.bucket)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::emulator::{Emulator, EmulatorOptions};
+
+    /// A caller that arrives just after a listing call ended (the prefetcher found no listing
+    /// a moment before) takes the cached listing: the folder is listed once, not twice.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_whole_listing_once_cached_is_not_listed_again() {
+        let opts = EmulatorOptions {
+            memory: true,
+            ..EmulatorOptions::default()
+        };
+        let emu = Emulator::start(opts, "127.0.0.1:0".parse().expect("addr"))
+            .await
+            .expect("emulator starts");
+        emu.create_bucket("b").expect("bucket");
+        for name in ["d/a", "d/b"] {
+            emu.put_object("b", name, Bytes::from_static(b"x"))
+                .expect("put");
+        }
+        let mut cfg = Config::default();
+        cfg.gcs.endpoint = emu.endpoint();
+        let fs = Fs::new(Client::connect(&cfg.gcs).await.expect("client"), "b", &cfg);
+        let first = fs.whole_listing("d/").await.expect("listed");
+        let again = fs.whole_listing("d/").await.expect("listed");
+        assert!(Arc::ptr_eq(&first, &again));
+        assert_eq!(emu.stats().list_calls, 1);
     }
 }
