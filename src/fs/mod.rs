@@ -367,10 +367,11 @@ impl Fs {
         }
     }
 
-    /// A fresh listing of directory `dkey` when one page holds all of it: the cached one, or
-    /// else one call that every concurrent caller shares (a lookup joins the listing prefetch
-    /// started, and the other way round). `None`: the directory is large, listings are not cached, or the call
-    /// failed; the caller asks for what it needs by name.
+    /// A fresh listing of directory `dkey` when one page holds all of it: the cached one while
+    /// it is younger than the negative TTL, or else one call that every concurrent caller
+    /// shares (a lookup joins the listing prefetch started, and the other way round). `None`:
+    /// the directory is large, listings are not cached, or the call failed; the caller asks
+    /// for what it needs by name.
     pub(super) async fn whole_listing(&self, dkey: &str) -> Option<Arc<Listing>> {
         let i = &self.inner;
         let (listings, large) = (i.listings.as_ref()?, i.large_dirs.as_ref()?);
@@ -384,8 +385,12 @@ impl Fs {
                 None => {
                     // Checked under the lock: a call that has just ended cached its listing
                     // before it left `listing_now`, so a caller arriving after it finds that
-                    // listing instead of listing the directory again.
-                    if let Some(listing) = listings.get(dkey) {
+                    // listing instead of listing the directory again. Only while it still
+                    // vouches for the names it lacks (see `listed`).
+                    if let Some(listing) = listings
+                        .get(dkey)
+                        .filter(|l| l.listed_at.elapsed() < i.negative_ttl)
+                    {
                         return Some(listing);
                     }
                     now.entry(dkey.to_string()).or_default().clone()
