@@ -477,7 +477,7 @@ impl Fs {
             return Ok(None);
         }
         i.reads
-            .load_whole(key, &meta)
+            .load_whole(key, &meta, || !matches!(self.upcoming(key), Upcoming::Held))
             .await
             .map(Some)
             .map_err(|_| ())
@@ -553,7 +553,10 @@ impl Fs {
         let mut loads = futures::stream::iter(items)
             .map(|(key, meta)| async move {
                 let r = if meta.size <= small {
-                    i.reads.load_whole(&key, &meta).await.map(|_| meta.size)
+                    i.reads
+                        .load_whole(&key, &meta, || true)
+                        .await
+                        .map(|_| meta.size)
                 } else {
                     i.reads.load_blocks(&key, &meta).await
                 };

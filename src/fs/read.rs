@@ -63,7 +63,8 @@ pub struct ReadPath {
 pub enum Loaded {
     /// Fetched now: this many bytes.
     Fetched(u64),
-    /// Already cached, or fetched meanwhile by someone else (a reader or another prefetch).
+    /// Already cached, fetched meanwhile by someone else (a reader or another prefetch), or
+    /// no longer wanted because a reader has it.
     Present,
 }
 
@@ -144,7 +145,16 @@ impl ReadPath {
     /// Loads small object `key` whole, at the generation and size in `meta`, into the cache
     /// where a later read of that version finds it. A read or load of the same version already
     /// under way is joined, never repeated. Bytes in flight count against the read-ahead budget.
-    pub async fn load_whole(&self, key: &str, meta: &ObjMeta) -> FsResult<Loaded> {
+    ///
+    /// `wanted` is asked once more just before the fetch starts, when no cache entry exists:
+    /// a reader may have opened the file, read it whole and dropped its entry while this load
+    /// waited, and loading it again would download it twice.
+    pub async fn load_whole(
+        &self,
+        key: &str,
+        meta: &ObjMeta,
+        wanted: impl Fn() -> bool,
+    ) -> FsResult<Loaded> {
         let key: Arc<str> = Arc::from(key);
         let cache_key = (key.clone(), meta.generation, WHOLE);
         if let Some(b) = self.blocks.get(&cache_key).await {
@@ -172,6 +182,9 @@ impl ReadPath {
             .blocks
             .entry(cache_key)
             .or_try_insert_with(async move {
+                if !wanted() {
+                    return Err(None);
+                }
                 // Marked before the bytes arrive: a reader joining this load counts as a use.
                 seen.insert((what.clone(), generation), ());
                 if size == 0 {
@@ -188,10 +201,16 @@ impl ReadPath {
                 if fetched.is_err() {
                     seen.invalidate(&(what, generation));
                 }
-                fetched
+                fetched.map_err(Some)
             })
-            .await
-            .map_err(|e| super::error::log_err("prefetch", &key, &e))?;
+            .await;
+        let entry = match entry {
+            Ok(entry) => entry,
+            Err(e) => match e.as_ref() {
+                None => return Ok(Loaded::Present),
+                Some(e) => return Err(super::error::log_err("prefetch", &key, e)),
+            },
+        };
         if !entry.is_fresh() {
             return Ok(Loaded::Present);
         }
@@ -478,6 +497,55 @@ impl std::fmt::Debug for Handle {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
+    use crate::emulator::{Emulator, EmulatorOptions};
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// A load that waited for the budget while a reader opened the file (and read it whole,
+    /// leaving no cache entry) asks again before fetching, and fetches nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_load_no_longer_wanted_when_its_turn_comes_fetches_nothing() {
+        let opts = EmulatorOptions {
+            memory: true,
+            ..EmulatorOptions::default()
+        };
+        let emu = Emulator::start(opts, "127.0.0.1:0".parse().expect("addr"))
+            .await
+            .expect("emulator starts");
+        emu.create_bucket("b").expect("bucket");
+        emu.put_object("b", "f", Bytes::from(vec![7u8; 50_000]))
+            .expect("put");
+        let mut cfg = Config::default();
+        cfg.gcs.endpoint = emu.endpoint();
+        let client = Client::connect(&cfg.gcs).await.expect("client");
+        let meta = ObjMeta::from(&client.get_object("b", "f").await.expect("meta"));
+        let reads = Arc::new(ReadPath::new(client, "b", &cfg.read, &cfg.cache));
+        let all = reads.prefetch_budget.available_permits() as u32;
+        let held = reads
+            .prefetch_budget
+            .clone()
+            .acquire_many_owned(all)
+            .await
+            .expect("budget");
+        let wanted = Arc::new(AtomicBool::new(true));
+        let load = tokio::spawn({
+            let (reads, wanted) = (reads.clone(), wanted.clone());
+            async move {
+                reads
+                    .load_whole("f", &meta, || wanted.load(Ordering::SeqCst))
+                    .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!load.is_finished(), "the load waits for the budget");
+        wanted.store(false, Ordering::SeqCst);
+        drop(held);
+        assert_eq!(load.await.expect("joined"), Ok(Loaded::Present));
+        assert_eq!(emu.stats().read_streams, 0);
+        assert!(!reads
+            .blocks
+            .contains_key(&(Arc::from("f"), meta.generation, WHOLE)));
+    }
 
     #[test]
     fn assemble_spans_blocks() {
