@@ -146,9 +146,9 @@ impl ReadPath {
     /// where a later read of that version finds it. A read or load of the same version already
     /// under way is joined, never repeated. Bytes in flight count against the read-ahead budget.
     ///
-    /// `wanted` is asked once more just before the fetch starts, when no cache entry exists:
-    /// a reader may have opened the file, read it whole and dropped its entry while this load
-    /// waited, and loading it again would download it twice.
+    /// `wanted` is asked once more when the budget lets the load start: a reader may have
+    /// opened the file, read it whole and dropped its entry while this load waited, and
+    /// loading it again would download it twice.
     pub async fn load_whole(
         &self,
         key: &str,
@@ -171,45 +171,48 @@ impl ReadPath {
             .acquire_many(permits)
             .await
             .map_err(|_| Errno::EIO)?;
+        // Marked before the last look at `wanted`: a reader that opens the file after that
+        // look sees the mark and joins this load instead of fetching the file on its own.
+        let mark = (key.clone(), meta.generation);
+        let marked = self.prefetched.entry(mark.clone()).or_insert(()).is_fresh();
+        if !wanted() {
+            if marked {
+                self.prefetched.invalidate(&mark);
+            }
+            return Ok(Loaded::Present);
+        }
         let (client, bucket, generation, size) = (
             self.client.clone(),
             self.bucket.clone(),
             meta.generation,
             meta.size,
         );
-        let (what, seen) = (key.clone(), self.prefetched.clone());
+        let what = key.clone();
+        // The cache runs one fetch for a key only among callers whose fetches fail with the
+        // same error type: this one must stay `gcs::Error`, as in `cached`, for a reader to
+        // join it.
         let entry = self
             .blocks
             .entry(cache_key)
             .or_try_insert_with(async move {
-                if !wanted() {
-                    return Err(None);
-                }
-                // Marked before the bytes arrive: a reader joining this load counts as a use.
-                seen.insert((what.clone(), generation), ());
                 if size == 0 {
                     return Ok(Bytes::new());
                 }
                 // A stream of its own, closed when done: prefetched objects keep no stream open.
-                let fetched = async {
-                    let (_reader, pending) = client
-                        .open_reader_reading(&bucket, &what, Some(generation), 0, size)
-                        .await?;
-                    pending.bytes().await
-                }
-                .await;
-                if fetched.is_err() {
-                    seen.invalidate(&(what, generation));
-                }
-                fetched.map_err(Some)
+                let (_reader, pending) = client
+                    .open_reader_reading(&bucket, &what, Some(generation), 0, size)
+                    .await?;
+                pending.bytes().await
             })
             .await;
         let entry = match entry {
             Ok(entry) => entry,
-            Err(e) => match e.as_ref() {
-                None => return Ok(Loaded::Present),
-                Some(e) => return Err(super::error::log_err("prefetch", &key, e)),
-            },
+            Err(e) => {
+                if marked {
+                    self.prefetched.invalidate(&mark);
+                }
+                return Err(super::error::log_err("prefetch", &key, &e));
+            }
         };
         if !entry.is_fresh() {
             return Ok(Loaded::Present);
@@ -501,12 +504,15 @@ mod tests {
     use crate::emulator::{Emulator, EmulatorOptions};
     use std::sync::atomic::{AtomicBool, Ordering};
 
-    /// A load that waited for the budget while a reader opened the file (and read it whole,
-    /// leaving no cache entry) asks again before fetching, and fetches nothing.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_load_no_longer_wanted_when_its_turn_comes_fetches_nothing() {
+    /// An emulator holding object "f" of 50,000 bytes with `latency_us` per message, the read
+    /// path of a mount on it, and the object's metadata.
+    async fn read_path_on_emulator(latency_us: u64) -> (Emulator, Arc<ReadPath>, ObjMeta) {
         let opts = EmulatorOptions {
             memory: true,
+            faults: crate::emulator::Faults {
+                latency_us,
+                ..Default::default()
+            },
             ..EmulatorOptions::default()
         };
         let emu = Emulator::start(opts, "127.0.0.1:0".parse().expect("addr"))
@@ -520,6 +526,31 @@ mod tests {
         let client = Client::connect(&cfg.gcs).await.expect("client");
         let meta = ObjMeta::from(&client.get_object("b", "f").await.expect("meta"));
         let reads = Arc::new(ReadPath::new(client, "b", &cfg.read, &cfg.cache));
+        (emu, reads, meta)
+    }
+
+    /// A reader of a file whose load is in flight joins the load: one stream, not two.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_reader_joins_a_load_in_flight() {
+        let (emu, reads, meta) = read_path_on_emulator(300_000).await;
+        let load = tokio::spawn({
+            let reads = reads.clone();
+            async move { reads.load_whole("f", &meta, || true).await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(emu.stats().read_streams, 1, "the load is in flight");
+        let h = reads.open("f", &meta);
+        let got = reads.read(&h, 0, meta.size).await.expect("read");
+        assert_eq!(got.len() as u64, meta.size);
+        assert_eq!(load.await.expect("joined"), Ok(Loaded::Fetched(meta.size)));
+        assert_eq!(emu.stats().read_streams, 1);
+    }
+
+    /// A load that waited for the budget while a reader opened the file (and read it whole,
+    /// leaving no cache entry) asks again before fetching, and fetches nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_load_no_longer_wanted_when_its_turn_comes_fetches_nothing() {
+        let (emu, reads, meta) = read_path_on_emulator(0).await;
         let all = reads.prefetch_budget.available_permits() as u32;
         let held = reads
             .prefetch_budget
