@@ -64,6 +64,7 @@ import platform
 import random
 import re
 import shutil
+import socket
 import signal
 import statistics
 import subprocess
@@ -610,6 +611,7 @@ def main():
                         "kind": "files", "paths": paths, "order": order, "workers": 2,
                         "helper": True, "mountpoint": mnt}, work)
                     after = env.stats()
+                    prefetch = daemon_stats(mnt)
                     pid = env.mounts.get(mnt)
                     rss = peak_rss_mib(pid) if pid else None
                     env.unmount(mnt)
@@ -618,13 +620,24 @@ def main():
                     extra.setdefault("four_x", []).append({
                         "budget_mb": budget_mb, "sample_bytes": sample_bytes,
                         "bytes_fetched": fetched, "fetched_ratio": fetched / sample_bytes,
-                        "peak_rss_mib": rss})
+                        "peak_rss_mib": rss, "daemon_stats": prefetch})
             env.stop_emulator()
     finally:
         env.close()
         shutil.rmtree(work, ignore_errors=True)
 
     report(results, extra, sample, sample_bytes, runs, budget_mb)
+
+
+def daemon_stats(mnt):
+    """The mount's control-socket `stats` (what prefetch did), to explain bytes fetched twice."""
+    sys.path.insert(0, os.path.join(REPO, "python"))
+    from rapidfs_sampler import socket_path
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(10)
+        s.connect(socket_path(mnt))
+        s.sendall(b'{"op":"stats"}\n')
+        return json.loads(s.makefile("rb").readline())
 
 
 def daemon_budget(rows, cores):
