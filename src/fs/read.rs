@@ -532,13 +532,18 @@ mod tests {
     /// A reader of a file whose load is in flight joins the load: one stream, not two.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_reader_joins_a_load_in_flight() {
-        let (emu, reads, meta) = read_path_on_emulator(300_000).await;
+        // Each response waits 2 s: the load is still in flight when the reader comes.
+        let (emu, reads, meta) = read_path_on_emulator(2_000_000).await;
         let load = tokio::spawn({
             let reads = reads.clone();
             async move { reads.load_whole("f", &meta, || true).await }
         });
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while emu.stats().read_streams == 0 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         assert_eq!(emu.stats().read_streams, 1, "the load is in flight");
+        assert!(!load.is_finished());
         let h = reads.open("f", &meta);
         let got = reads.read(&h, 0, meta.size).await.expect("read");
         assert_eq!(got.len() as u64, meta.size);
