@@ -3,7 +3,7 @@
 image-folder-like dataset by plain paths, shuffled, decoding nothing, against what users would
 use instead.
 
-    python3 benches/workload.py            # full run: 3 runs of every row (about 40 min)
+    python3 benches/workload.py            # full run: 3 runs of every row (about 20 min)
     python3 benches/workload.py --quick    # smoke run: small sample, 1 run (a few minutes)
     python3 benches/workload.py --rows local,rapidfs,google --latencies 0 --workers 4
                                            # only some rows, latencies (ms) and worker counts
@@ -64,8 +64,8 @@ import platform
 import random
 import re
 import shutil
-import socket
 import signal
+import socket
 import statistics
 import subprocess
 import sys
