@@ -754,29 +754,44 @@ impl std::fmt::Debug for Fs {
     }
 }
 
+/// A memory-backed emulator on a free loopback port holding `objects` in bucket "b", with
+/// `latency_us` per response, and a default config pointed at it: the unit tests' server.
+#[cfg(test)]
+pub(crate) async fn test_emulator(
+    objects: &[(&str, Bytes)],
+    latency_us: u64,
+) -> (crate::emulator::Emulator, Config) {
+    use crate::emulator::{Emulator, EmulatorOptions, Faults};
+    let opts = EmulatorOptions {
+        memory: true,
+        faults: Faults {
+            latency_us,
+            ..Faults::default()
+        },
+        ..EmulatorOptions::default()
+    };
+    let emu = Emulator::start(opts, "127.0.0.1:0".parse().expect("addr"))
+        .await
+        .expect("emulator starts");
+    emu.create_bucket("b").expect("bucket");
+    for (name, bytes) in objects {
+        emu.put_object("b", name, bytes.clone()).expect("put");
+    }
+    let mut cfg = Config::default();
+    cfg.gcs.endpoint = emu.endpoint();
+    (emu, cfg)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::emulator::{Emulator, EmulatorOptions};
 
     /// A caller that arrives just after a listing call ended (the prefetcher found no listing
     /// a moment before) takes the cached listing: the folder is listed once, not twice.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_whole_listing_once_cached_is_not_listed_again() {
-        let opts = EmulatorOptions {
-            memory: true,
-            ..EmulatorOptions::default()
-        };
-        let emu = Emulator::start(opts, "127.0.0.1:0".parse().expect("addr"))
-            .await
-            .expect("emulator starts");
-        emu.create_bucket("b").expect("bucket");
-        for name in ["d/a", "d/b"] {
-            emu.put_object("b", name, Bytes::from_static(b"x"))
-                .expect("put");
-        }
-        let mut cfg = Config::default();
-        cfg.gcs.endpoint = emu.endpoint();
+        let x = Bytes::from_static(b"x");
+        let (emu, cfg) = test_emulator(&[("d/a", x.clone()), ("d/b", x)], 0).await;
         let fs = Fs::new(Client::connect(&cfg.gcs).await.expect("client"), "b", &cfg);
         let first = fs.whole_listing("d/").await.expect("listed");
         let again = fs.whole_listing("d/").await.expect("listed");

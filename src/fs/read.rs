@@ -175,10 +175,13 @@ impl ReadPath {
         // look sees the mark and joins this load instead of fetching the file on its own.
         let mark = (key.clone(), meta.generation);
         let marked = self.prefetched.entry(mark.clone()).or_insert(()).is_fresh();
-        if !wanted() {
+        let unmark = || {
             if marked {
                 self.prefetched.invalidate(&mark);
             }
+        };
+        if !wanted() {
+            unmark();
             return Ok(Loaded::Present);
         }
         let (client, bucket, generation, size) = (
@@ -208,9 +211,7 @@ impl ReadPath {
         let entry = match entry {
             Ok(entry) => entry,
             Err(e) => {
-                if marked {
-                    self.prefetched.invalidate(&mark);
-                }
+                unmark();
                 return Err(super::error::log_err("prefetch", &key, &e));
             }
         };
@@ -500,29 +501,15 @@ impl std::fmt::Debug for Handle {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
-    use crate::emulator::{Emulator, EmulatorOptions};
     use std::sync::atomic::{AtomicBool, Ordering};
 
-    /// An emulator holding object "f" of 50,000 bytes with `latency_us` per message, the read
-    /// path of a mount on it, and the object's metadata.
-    async fn read_path_on_emulator(latency_us: u64) -> (Emulator, Arc<ReadPath>, ObjMeta) {
-        let opts = EmulatorOptions {
-            memory: true,
-            faults: crate::emulator::Faults {
-                latency_us,
-                ..Default::default()
-            },
-            ..EmulatorOptions::default()
-        };
-        let emu = Emulator::start(opts, "127.0.0.1:0".parse().expect("addr"))
-            .await
-            .expect("emulator starts");
-        emu.create_bucket("b").expect("bucket");
-        emu.put_object("b", "f", Bytes::from(vec![7u8; 50_000]))
-            .expect("put");
-        let mut cfg = Config::default();
-        cfg.gcs.endpoint = emu.endpoint();
+    /// An emulator holding object "f" of 50,000 bytes with `latency_us` per response, the
+    /// read path of a mount on it, and the object's metadata.
+    async fn read_path_on_emulator(
+        latency_us: u64,
+    ) -> (crate::emulator::Emulator, Arc<ReadPath>, ObjMeta) {
+        let f = Bytes::from(vec![7u8; 50_000]);
+        let (emu, cfg) = crate::fs::test_emulator(&[("f", f)], latency_us).await;
         let client = Client::connect(&cfg.gcs).await.expect("client");
         let meta = ObjMeta::from(&client.get_object("b", "f").await.expect("meta"));
         let reads = Arc::new(ReadPath::new(client, "b", &cfg.read, &cfg.cache));
