@@ -15,11 +15,17 @@ use tonic::Status;
 /// The largest chunk sent or accepted in one message.
 pub(crate) const MAX_CHUNK: usize = 2 * 1024 * 1024;
 
+/// Span of the pieces whose CRC32C a memory segment keeps: a chunk that is exactly one piece
+/// is sent without computing its checksum again.
+pub(crate) const CRC_PIECE: usize = 1024 * 1024;
+
 /// Bytes of one generation in memory: a list of immutable segments, appended to in place.
 #[derive(Debug, Default)]
 pub(crate) struct Segments {
     segs: Vec<Bytes>,
     starts: Vec<u64>,
+    /// Per segment, the CRC32C of each `CRC_PIECE` from its start (the last may be short).
+    crcs: Vec<Vec<u32>>,
     len: u64,
 }
 
@@ -38,6 +44,8 @@ impl Segments {
         }
         self.starts.push(self.len);
         self.len += data.len() as u64;
+        self.crcs
+            .push(data.chunks(CRC_PIECE).map(crc32c::crc32c).collect());
         self.segs.push(data);
     }
 
@@ -46,16 +54,22 @@ impl Segments {
         self.len
     }
 
-    /// Up to `max` bytes at `offset`, sliced without copying; shorter at a segment edge.
-    pub fn slice(&self, offset: u64, max: usize) -> Bytes {
+    /// Up to `max` bytes at `offset`, sliced without copying, and their CRC32C. Shorter at a
+    /// segment edge, and from a piece edge no longer than the piece, whose checksum is kept.
+    pub fn slice(&self, offset: u64, max: usize) -> (Bytes, u32) {
         if offset >= self.len || max == 0 {
-            return Bytes::new();
+            return (Bytes::new(), 0);
         }
         let i = self.starts.partition_point(|&s| s <= offset) - 1;
         let seg = &self.segs[i];
         let from = (offset - self.starts[i]) as usize;
-        let to = seg.len().min(from + max);
-        seg.slice(from..to)
+        let piece_end = seg.len().min(from + CRC_PIECE);
+        if from % CRC_PIECE == 0 && from + max >= piece_end {
+            return (seg.slice(from..piece_end), self.crcs[i][from / CRC_PIECE]);
+        }
+        let data = seg.slice(from..seg.len().min(from + max));
+        let crc = crc32c::crc32c(&data);
+        (data, crc)
     }
 
     /// The segments in order.
@@ -198,8 +212,9 @@ pub(crate) enum ContentReader {
 }
 
 impl ContentReader {
-    /// Up to `max` bytes at `offset` (shorter at a segment edge or the end of the data).
-    pub fn read(&self, offset: u64, max: usize) -> io::Result<Bytes> {
+    /// Up to `max` bytes at `offset` (shorter at a segment edge, a checksum piece's edge or
+    /// the end of the data) and their CRC32C.
+    pub fn read(&self, offset: u64, max: usize) -> io::Result<(Bytes, u32)> {
         match self {
             ContentReader::Mem(segs) => Ok(match segs.read() {
                 Ok(s) => s.slice(offset, max),
@@ -216,7 +231,8 @@ impl ContentReader {
                     filled += n;
                 }
                 buf.truncate(filled);
-                Ok(buf.freeze())
+                let crc = crc32c::crc32c(&buf);
+                Ok((buf.freeze(), crc))
             }
         }
     }

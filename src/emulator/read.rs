@@ -1,6 +1,7 @@
 //! BidiReadObject: one stream, many ranges. Opens the object (pinning its generation),
-//! answers with metadata and a read handle, then serves every ReadRange in chunks of at
-//! most 2 MiB with a CRC32C each, ending each read_id with `range_end`. Chaos mode varies
+//! answers with metadata and a read handle (on the first chunk when the first message asked
+//! for a range), then serves every ReadRange in chunks of at most 2 MiB with a CRC32C each,
+//! ending each read_id with `range_end`. Chaos mode varies
 //! chunk sizes, interleaves read_ids and adds trailing empty chunks. Touches the store
 //! (lookup only) and the stream's own state.
 
@@ -125,12 +126,13 @@ impl Service {
             content: entry.content.clone(),
             stats,
             out,
+            head: Some(first_response),
             active: VecDeque::new(),
             sent: 0,
             cut: faults.cut_read_after_bytes,
             chaos: faults.chaos,
         };
-        tokio::spawn(session.run(first, first_response, incoming));
+        tokio::spawn(session.run(first, incoming));
         Ok(Response::new(stream))
     }
 }
@@ -141,6 +143,9 @@ struct Session {
     content: Arc<super::content::Content>,
     stats: Arc<super::stats::Stats>,
     out: Outbox<BidiReadObjectResponse>,
+    /// The metadata and read handle not yet sent: they ride on the first chunk, so a small
+    /// object asked for in the first message comes back in one response.
+    head: Option<BidiReadObjectResponse>,
     active: VecDeque<Range>,
     sent: u64,
     cut: Option<u64>,
@@ -159,15 +164,23 @@ impl Session {
     async fn run(
         mut self,
         first: BidiReadObjectRequest,
-        first_response: BidiReadObjectResponse,
         mut incoming: Streaming<BidiReadObjectRequest>,
     ) {
-        if self.out.send(Ok(first_response)).await {
-            if let Err(Stop::Fail(status)) = self.serve(first, &mut incoming).await {
+        let served = self.serve(first, &mut incoming).await;
+        if self.send_head().await {
+            if let Err(Stop::Fail(status)) = served {
                 self.out.send(Err(status)).await;
             }
         }
         add(&self.stats.read_streams_ended, 1);
+    }
+
+    /// Sends the metadata on its own if no chunk carried it yet; false once the client is gone.
+    async fn send_head(&mut self) -> bool {
+        match self.head.take() {
+            Some(head) => self.out.send(Ok(head)).await,
+            None => true,
+        }
     }
 
     async fn serve(
@@ -178,8 +191,14 @@ impl Session {
         self.add_ranges(first.read_ranges)?;
         let mut open = true;
         loop {
-            if !open && self.active.is_empty() {
-                return Ok(());
+            if self.active.is_empty() {
+                if !open {
+                    return Ok(());
+                }
+                // Nothing to carry the metadata: the client waits for it before asking more.
+                if !self.send_head().await {
+                    return Err(Stop::Gone);
+                }
             }
             tokio::select! {
                 biased;
@@ -284,7 +303,7 @@ impl Session {
         if let Some(cut) = self.cut {
             want = want.min((cut - self.sent) as usize);
         }
-        let data = self
+        let (data, crc) = self
             .reader
             .read(range.next, want)
             .map_err(|e| Stop::Fail(Status::internal(format!("read failed: {e}"))))?;
@@ -306,8 +325,11 @@ impl Session {
         self.sent += len;
         add(&self.stats.bytes_sent, len);
         add(&self.stats.read_messages, 1);
-        let crc = crc32c::crc32c(&data);
-        let msg = chunk(read_id, offset, data, Some(crc), done);
+        let mut msg = chunk(read_id, offset, data, Some(crc), done);
+        if let Some(mut head) = self.head.take() {
+            head.object_data_ranges = msg.object_data_ranges;
+            msg = head;
+        }
         if !self.out.send(Ok(msg)).await {
             return Err(Stop::Gone);
         }

@@ -153,12 +153,18 @@ pub async fn collect(
     let mut start: HashMap<i64, i64> = HashMap::new();
     let mut order = Vec::new();
     let mut open: std::collections::HashSet<i64> = ids.iter().copied().collect();
+    // Ranges asked for in the first message may start in the first response.
+    let mut first = std::mem::take(&mut s.first.object_data_ranges);
     while !open.is_empty() {
-        let m =
+        let data = if first.is_empty() {
             s.rx.message()
                 .await?
-                .ok_or_else(|| Status::internal("stream ended early"))?;
-        for d in m.object_data_ranges {
+                .ok_or_else(|| Status::internal("stream ended early"))?
+                .object_data_ranges
+        } else {
+            std::mem::take(&mut first)
+        };
+        for d in data {
             let rr = d.read_range.unwrap();
             if !open.contains(&rr.read_id) {
                 assert!(
