@@ -324,3 +324,65 @@ async fn hundred_interleaved_ranges_resume_through_cuts_redirects_and_unavailabl
     assert!(!r.is_broken());
     assert_eq!(emu.stats().missing_routing_header, 0);
 }
+
+/// Waits up to 10 s for every read stream the emulator opened to have ended.
+async fn all_read_streams_end(emu: &rapidfs::emulator::Emulator) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while emu.stats().read_streams_ended < emu.stats().read_streams && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let st = emu.stats();
+    assert_eq!(
+        st.read_streams_ended, st.read_streams,
+        "read streams still open at the emulator"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_once_returns_the_range_and_releases_its_stream() {
+    for chaos in [false, true] {
+        let emu = emulator(Faults {
+            chaos,
+            ..Faults::default()
+        })
+        .await;
+        let want = data(5 * MIB + 123, 7);
+        emu.put_object(BUCKET, "o", want.clone()).unwrap();
+        let c = client(&emu).await;
+        let generation = c.get_object(BUCKET, "o").await.unwrap().generation;
+        for (offset, len) in [
+            (0, want.len()),
+            (0, MIB),
+            (MIB, MIB),
+            (MIB - 10, 3 * MIB + 20),
+            (want.len() - 5, 5),
+        ] {
+            let got = c
+                .read_once(BUCKET, "o", generation, offset as u64, len as u64)
+                .await
+                .unwrap();
+            assert!(
+                got == want.slice(offset..offset + len),
+                "chaos {chaos}: [{offset}, +{len})"
+            );
+        }
+        all_read_streams_end(&emu).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_once_fails_rather_than_return_a_cut_range() {
+    let emu = emulator(Faults {
+        cut_read_after_bytes: Some(100_000),
+        ..Faults::default()
+    })
+    .await;
+    emu.put_object(BUCKET, "o", data(MIB, 3)).unwrap();
+    let c = client(&emu).await;
+    let generation = c.get_object(BUCKET, "o").await.unwrap().generation;
+    let got = c.read_once(BUCKET, "o", generation, 0, MIB as u64).await;
+    assert!(matches!(got, Err(Error::Unavailable(_))), "{got:?}");
+    assert!(emu.stats().faults_injected >= 1);
+    let gone = c.read_once(BUCKET, "o", generation + 1, 0, 10).await;
+    assert!(matches!(gone, Err(Error::NotFound(_))), "{gone:?}");
+}

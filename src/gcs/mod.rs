@@ -12,6 +12,8 @@ mod channel;
 mod folders;
 mod meta;
 mod ranges;
+mod read_once;
+mod read_stream;
 mod reader;
 mod retry;
 mod routing;
@@ -117,6 +119,12 @@ impl Client {
         StorageClient::new(self.inner.channels[i].clone())
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES)
+    }
+
+    /// The next connection of the pool, for calls made on the bare HTTP/2 stream.
+    fn channel(&self) -> AuthChannel {
+        let i = self.inner.next.fetch_add(1, Ordering::Relaxed) % self.inner.channels.len();
+        self.inner.channels[i].clone()
     }
 
     /// A StorageControl stub on the next connection of the pool.

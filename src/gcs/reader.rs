@@ -10,7 +10,7 @@
 
 use super::ranges::{BadChunk, RangeTable, Sink};
 use super::retry::{self, Backoff};
-use super::{bucket_path, object_url, routing, Client, Error, ObjectMeta, Result};
+use super::{bucket_path, object_url, read_stream, Client, Error, ObjectMeta, Result};
 use crate::proto::storage::{
     BidiReadHandle, BidiReadObjectRedirectedError, BidiReadObjectRequest, BidiReadObjectResponse,
     BidiReadObjectSpec, ReadRange,
@@ -24,7 +24,6 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_stream::wrappers::UnboundedReceiverStream;
-use tonic::codec::Streaming;
 use tonic::Status;
 
 /// The wire limit of ranges in one request message.
@@ -334,7 +333,7 @@ impl StreamState {
 /// The live stream: its request sender and response receiver.
 struct Conn {
     tx: mpsc::UnboundedSender<BidiReadObjectRequest>,
-    rx: Streaming<BidiReadObjectResponse>,
+    rx: read_stream::Responses,
 }
 
 /// The task's state: the stream, the ranges, and what a reconnect needs.
@@ -387,20 +386,15 @@ impl Session {
             read_object_spec: Some(spec),
             read_ranges: ranges,
         });
-        let req = routing::request(
-            UnboundedReceiverStream::new(rx),
+        let opening = read_stream::open(
+            self.client.channel(),
             &self.bucket,
             self.routing_token.as_deref(),
-            None,
-        )
-        .map_err(super::unary::to_status)?;
+            UnboundedReceiverStream::new(rx),
+        );
         let timeout = Duration::from_millis(self.client.config().call_timeout_ms);
-        let mut stub = self.client.stub();
-        match tokio::time::timeout(timeout, stub.bidi_read_object(req)).await {
-            Ok(Ok(resp)) => Ok(Conn {
-                tx,
-                rx: resp.into_inner(),
-            }),
+        match tokio::time::timeout(timeout, opening).await {
+            Ok(Ok(rx)) => Ok(Conn { tx, rx }),
             Ok(Err(s)) => Err(s),
             Err(_) => Err(Status::deadline_exceeded("stream open timed out")),
         }

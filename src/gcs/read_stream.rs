@@ -1,0 +1,293 @@
+//! A `BidiReadObject` call on the bare HTTP/2 stream: requests are framed as gRPC messages,
+//! and responses are decoded straight out of the received HTTP/2 DATA frames. tonic's
+//! `Streaming` first copies every frame into a buffer of its own; here a message that arrives
+//! whole in one frame (the server may send frames up to our `max_frame_size`) is decoded in
+//! place, so its payload reaches the FUSE reply as a slice of the bytes read off the socket.
+//! A message split over frames is gathered with one copy, as tonic would. Touches only the
+//! call it opens.
+
+use super::auth::AuthChannel;
+use super::{routing, MAX_MESSAGE_BYTES};
+use crate::proto::storage::{BidiReadObjectRequest, BidiReadObjectResponse};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use futures::{Stream, StreamExt};
+use http_body_util::BodyExt;
+use prost::Message;
+use std::collections::VecDeque;
+use sync_wrapper::SyncWrapper;
+use tonic::body::Body;
+use tonic::Status;
+use tower::ServiceExt;
+
+/// The gRPC method path.
+const PATH: &str = "/google.storage.v2.Storage/BidiReadObject";
+/// Bytes before every gRPC message: a compression flag and a big-endian length.
+const PREFIX: usize = 5;
+
+/// Opens the call on `channel`, sending `requests` as they come; the routing header names
+/// `bucket` (and `routing_token` after a redirect). Resolves once the response headers are in.
+pub(crate) async fn open(
+    channel: AuthChannel,
+    bucket: &str,
+    routing_token: Option<&str>,
+    requests: impl Stream<Item = BidiReadObjectRequest> + Send + 'static,
+) -> Result<Responses, Status> {
+    let frames = requests.map(|m| Ok::<_, Status>(http_body::Frame::data(frame(&m))));
+    let req = http::Request::builder()
+        .method(http::Method::POST)
+        .version(http::Version::HTTP_2)
+        .uri(PATH)
+        .header(http::header::CONTENT_TYPE, "application/grpc")
+        .header(http::header::TE, "trailers")
+        .header(routing::HEADER, routing::params(bucket, routing_token))
+        .body(Body::new(http_body_util::StreamBody::new(frames)))
+        .map_err(|e| {
+            Status::invalid_argument(format!("bucket name not usable in a header: {e}"))
+        })?;
+    let resp = channel
+        .oneshot(req)
+        .await
+        .map_err(|e| Status::from_error(Box::new(e)))?;
+    // A call refused at once carries its status in the headers ("trailers only").
+    if let Some(s) = Status::from_header_map(resp.headers()) {
+        if s.code() != tonic::Code::Ok {
+            return Err(s);
+        }
+    }
+    if resp.status() != http::StatusCode::OK {
+        return Err(Status::unavailable(format!(
+            "BidiReadObject answered HTTP {}",
+            resp.status()
+        )));
+    }
+    Ok(Responses {
+        body: SyncWrapper::new(resp.into_body()),
+        frames: VecDeque::new(),
+        buffered: 0,
+        ended: false,
+    })
+}
+
+/// `m` as one gRPC message: uncompressed flag, length, bytes.
+fn frame(m: &BidiReadObjectRequest) -> Bytes {
+    let len = m.encoded_len();
+    let mut buf = BytesMut::with_capacity(PREFIX + len);
+    buf.put_u8(0);
+    buf.put_u32(len as u32);
+    // Cannot fail: the buffer was sized for the message.
+    let _ = m.encode(&mut buf);
+    buf.freeze()
+}
+
+/// The response side of an open call.
+pub(crate) struct Responses {
+    /// Only ever polled through `&mut self`: the wrapper makes the reader's state `Sync`.
+    body: SyncWrapper<Body>,
+    /// Received DATA frames not yet decoded, oldest first.
+    frames: VecDeque<Bytes>,
+    buffered: usize,
+    ended: bool,
+}
+
+impl Responses {
+    /// The next response; `None` once the call ended with status OK.
+    pub(crate) async fn message(&mut self) -> Result<Option<BidiReadObjectResponse>, Status> {
+        loop {
+            if let Some(m) = self.decode()? {
+                return Ok(Some(m));
+            }
+            if self.ended {
+                return match self.buffered {
+                    0 => Ok(None),
+                    n => Err(Status::internal(format!(
+                        "the stream ended inside a message ({n} bytes left over)"
+                    ))),
+                };
+            }
+            match self.body.get_mut().frame().await {
+                Some(Ok(f)) => match f.into_data() {
+                    Ok(data) => {
+                        self.buffered += data.len();
+                        self.frames.push_back(data);
+                    }
+                    Err(f) => {
+                        if let Some(trailers) = f.trailers_ref() {
+                            if let Some(s) = Status::from_header_map(trailers) {
+                                if s.code() != tonic::Code::Ok {
+                                    return Err(s);
+                                }
+                            }
+                        }
+                        self.ended = true;
+                    }
+                },
+                Some(Err(s)) => return Err(s),
+                None => self.ended = true,
+            }
+        }
+    }
+
+    /// One whole message off the received frames, if they hold one.
+    fn decode(&mut self) -> Result<Option<BidiReadObjectResponse>, Status> {
+        if self.buffered < PREFIX {
+            return Ok(None);
+        }
+        let mut prefix = [0u8; PREFIX];
+        self.peek(&mut prefix);
+        if prefix[0] != 0 {
+            return Err(Status::internal("compressed message, none was asked for"));
+        }
+        let len = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
+        if len > MAX_MESSAGE_BYTES {
+            return Err(Status::out_of_range(format!(
+                "a message of {len} bytes, over the {MAX_MESSAGE_BYTES} allowed"
+            )));
+        }
+        if self.buffered < PREFIX + len {
+            return Ok(None);
+        }
+        self.advance(PREFIX);
+        let body = self.take(len);
+        BidiReadObjectResponse::decode(body)
+            .map(Some)
+            .map_err(|e| Status::internal(format!("undecodable response: {e}")))
+    }
+
+    /// Copies the first `out.len()` buffered bytes (all frames together hold them).
+    fn peek(&self, out: &mut [u8]) {
+        let mut filled = 0;
+        for f in &self.frames {
+            let n = f.len().min(out.len() - filled);
+            out[filled..filled + n].copy_from_slice(&f[..n]);
+            filled += n;
+            if filled == out.len() {
+                return;
+            }
+        }
+    }
+
+    /// Drops the first `n` buffered bytes.
+    fn advance(&mut self, mut n: usize) {
+        self.buffered -= n;
+        while n > 0 {
+            let Some(front) = self.frames.front_mut() else {
+                return;
+            };
+            if front.len() > n {
+                front.advance(n);
+                return;
+            }
+            n -= front.len();
+            self.frames.pop_front();
+        }
+    }
+
+    /// The next `n` buffered bytes: a slice of the frame when one holds them all, else a copy.
+    fn take(&mut self, n: usize) -> Bytes {
+        if let Some(front) = self.frames.front_mut() {
+            if front.len() >= n {
+                self.buffered -= n;
+                let out = front.split_to(n);
+                if front.is_empty() {
+                    self.frames.pop_front();
+                }
+                return out;
+            }
+        }
+        let mut out = BytesMut::with_capacity(n);
+        while out.len() < n {
+            let Some(front) = self.frames.front() else {
+                break;
+            };
+            let k = front.len().min(n - out.len());
+            out.extend_from_slice(&front[..k]);
+            self.advance(k);
+        }
+        out.freeze()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::storage::{ChecksummedData, ObjectRangeData, ReadRange};
+
+    fn response(read_id: i64, content: &'static [u8]) -> BidiReadObjectResponse {
+        BidiReadObjectResponse {
+            object_data_ranges: vec![ObjectRangeData {
+                checksummed_data: Some(ChecksummedData {
+                    content: Bytes::from_static(content),
+                    crc32c: Some(crc32c::crc32c(content)),
+                }),
+                read_range: Some(ReadRange {
+                    read_offset: 0,
+                    read_length: content.len() as i64,
+                    read_id,
+                }),
+                range_end: true,
+            }],
+            ..Default::default()
+        }
+    }
+
+    /// `wire` as received in frames of `size` bytes, the body already ended.
+    fn received(wire: &[u8], size: usize) -> Responses {
+        let frames: VecDeque<Bytes> = wire.chunks(size).map(Bytes::copy_from_slice).collect();
+        Responses {
+            body: SyncWrapper::new(Body::empty()),
+            buffered: wire.len(),
+            frames,
+            ended: true,
+        }
+    }
+
+    fn framed(m: &BidiReadObjectResponse) -> Vec<u8> {
+        let mut out = vec![0u8];
+        out.extend_from_slice(&(m.encoded_len() as u32).to_be_bytes());
+        out.extend_from_slice(&m.encode_to_vec());
+        out
+    }
+
+    #[tokio::test]
+    async fn messages_come_back_however_the_frames_split_them() {
+        let sent = [response(1, b"first payload"), response(2, &[7u8; 3000])];
+        let wire: Vec<u8> = sent.iter().flat_map(framed).collect();
+        for size in [1, 2, 5, 7, 100, 2999, wire.len()] {
+            let mut r = received(&wire, size);
+            for want in &sent {
+                assert_eq!(
+                    r.message().await.unwrap().as_ref(),
+                    Some(want),
+                    "frames of {size}"
+                );
+            }
+            assert_eq!(r.message().await.unwrap(), None);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_message_whole_in_one_frame_is_decoded_in_place() {
+        let wire = framed(&response(1, &[9u8; 4096]));
+        let mut r = received(&wire, wire.len());
+        let frame = r.frames[0].clone();
+        let m = r.message().await.unwrap().unwrap();
+        let content = &m.object_data_ranges[0]
+            .checksummed_data
+            .as_ref()
+            .unwrap()
+            .content;
+        let inside = frame.as_ptr_range();
+        assert!(inside.contains(&content.as_ptr()), "the payload was copied");
+    }
+
+    #[tokio::test]
+    async fn a_stream_that_ends_inside_a_message_is_an_error() {
+        let wire = framed(&response(1, b"cut short"));
+        let mut r = received(&wire[..wire.len() - 3], 4);
+        assert_eq!(r.message().await.unwrap_err().code(), tonic::Code::Internal);
+        let mut compressed = wire.clone();
+        compressed[0] = 1;
+        let mut r = received(&compressed, 64);
+        assert_eq!(r.message().await.unwrap_err().code(), tonic::Code::Internal);
+    }
+}
