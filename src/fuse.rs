@@ -25,8 +25,12 @@ use tokio::runtime::Handle;
 
 /// Largest read and write request negotiated with the kernel.
 const MAX_IO: u32 = 1024 * 1024;
-/// Requests the kernel may keep outstanding in the background (read-ahead among them).
-const MAX_BACKGROUND: u16 = 16;
+/// Background requests (read-ahead among them) the kernel may keep outstanding, per core:
+/// a sequential reader's 16 MiB of kernel read-ahead is 16 requests of 1 MiB, and a core
+/// serves a few such readers.
+const BACKGROUND_PER_CORE: usize = 16;
+/// The least background requests allowed, however few the cores.
+const MIN_BACKGROUND: usize = 64;
 
 /// How long a stopping daemon waits for its FUSE thread after unmounting.
 const THREAD_GRACE: Duration = Duration::from_secs(2);
@@ -582,8 +586,12 @@ impl Filesystem for FuseAdapter {
         if let Err(max) = config.set_max_readahead(MAX_IO) {
             let _ = config.set_max_readahead(max);
         }
-        let _ = config.set_max_background(MAX_BACKGROUND);
-        let _ = config.set_congestion_threshold(MAX_BACKGROUND * 3 / 4);
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let background =
+            u16::try_from((cores * BACKGROUND_PER_CORE).max(MIN_BACKGROUND)).unwrap_or(u16::MAX);
+        // Past the congestion threshold the kernel drops read-ahead rather than queue it.
+        let _ = config.set_max_background(background);
+        let _ = config.set_congestion_threshold(background / 4 * 3);
         Ok(())
     }
 

@@ -412,7 +412,9 @@ fn serve(
         Target::Dir(mountpoint) => {
             let mounted = Mounted::start(fs, rt.handle().clone(), &mountpoint, &settings)
                 .map_err(|e| anyhow!("cannot mount on {}: {e}", mountpoint.display()))?;
-            set_read_ahead(&mountpoint, cfg.read.kernel_read_ahead_kb);
+            if let Some(kb) = kernel_read_ahead(&mountpoint, cfg.read.kernel_read_ahead_kb) {
+                control_fs.set_kernel_read_ahead(kb * 1024);
+            }
             tracing::info!(bucket = %args.bucket, mountpoint = %mountpoint.display(), endpoint = %cfg.gcs.endpoint, "mounted");
             let control = start_control(&rt, control_fs, args, &cfg, &mountpoint, ready);
             (mounted, control)
@@ -488,18 +490,16 @@ fn start_control(
 }
 
 /// Keeps the daemon's resident memory close to what it holds, so the one memory budget means
-/// something: few malloc arenas (less fragmentation across threads), blocks and messages of
-/// 1 MiB and more in their own mappings (returned to the system when freed: kept in the heaps,
-/// the mixed sizes of cached blocks and HTTP/2 frames fragmented them and 64 readers peaked
-/// near 290 MiB under a 128 MiB budget, 160 MiB like this), and a small trim threshold. The
-/// price is page faults on fresh block buffers, a few percent of a sequential read's CPU.
+/// something: few malloc arenas, so that buffers freed by one thread are reused by the next
+/// allocation on another instead of fragmenting a heap per thread. The receive buffers of
+/// 1-2 MiB that every chunk of a large read passes through are left to glibc's adaptive mmap
+/// threshold, which keeps them in the heap and reuses them: forced into fresh mappings they
+/// were faulted in page by page and unmapped again, a third of a sequential read's CPU.
 fn tune_allocator() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only changes allocator parameters; called before any thread exists.
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 2);
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 1024 * 1024);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 4 * 1024 * 1024);
     }
 }
 
@@ -540,18 +540,16 @@ async fn connect(bucket: &str, cfg: &Config) -> anyhow::Result<(Fs, crate::zonal
     }
 }
 
-/// Sets the kernel read-ahead of the mount's backing device (`/sys/class/bdi/MAJ:MIN`).
-/// Needs root; a failure only costs speed, so it is logged, not fatal.
-fn set_read_ahead(mountpoint: &Path, kb: u64) {
+/// Sets the kernel read-ahead of the mount's backing device (`/sys/class/bdi/MAJ:MIN`) to
+/// `kb` (0 leaves it), and returns what it is then, in KiB. Setting it needs root; a failure
+/// only costs speed (the read path then reads ahead itself), so it is logged, not fatal.
+fn kernel_read_ahead(mountpoint: &Path, kb: u64) -> Option<u64> {
     use std::os::unix::fs::MetadataExt;
-    if kb == 0 {
-        return;
-    }
     let dev = match std::fs::metadata(mountpoint) {
         Ok(m) => m.dev(),
         Err(e) => {
             tracing::warn!(error = %e, "cannot stat the mountpoint to tune read-ahead");
-            return;
+            return None;
         }
     };
     let path = format!(
@@ -559,10 +557,13 @@ fn set_read_ahead(mountpoint: &Path, kb: u64) {
         libc::major(dev),
         libc::minor(dev)
     );
-    match std::fs::write(&path, format!("{kb}\n")) {
-        Ok(()) => tracing::debug!(path, kb, "kernel read-ahead set"),
-        Err(e) => tracing::warn!(path, error = %e, "cannot set kernel read-ahead"),
+    if kb != 0 {
+        match std::fs::write(&path, format!("{kb}\n")) {
+            Ok(()) => tracing::debug!(path, kb, "kernel read-ahead set"),
+            Err(e) => tracing::warn!(path, error = %e, "cannot set kernel read-ahead"),
+        }
     }
+    std::fs::read_to_string(&path).ok()?.trim().parse().ok()
 }
 
 /// The daemon no longer writes to the terminal of whoever started it: stdin and stdout go to

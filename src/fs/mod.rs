@@ -501,6 +501,11 @@ impl Fs {
         Ok(self.attr_of(&inode, meta))
     }
 
+    /// The mount's kernel read-ahead, in bytes, as the kernel reports it after mounting.
+    pub fn set_kernel_read_ahead(&self, bytes: u64) {
+        self.inner.reads.set_kernel_read_ahead(bytes);
+    }
+
     /// Opens a file for reading (`open_write` opens for writing).
     /// A file being written through this mount is flushed first, so the reader sees it all.
     pub async fn open(&self, ino: u64, write: bool) -> FsResult<Opened> {

@@ -11,7 +11,11 @@
 //!   first read: straight to the reader when that read asks for all of it (the kernel's page
 //!   cache keeps it then), else into the cache, which serves its other reads. Its stream
 //!   closes with its last handle. Only large objects' streams stay warm.
-//! - A sequential reader fetches whole blocks and prefetches a window ahead of itself.
+//! - A large object's reads are served as the kernel sends them, each one range on a pooled
+//!   stream, when the mount's kernel read-ahead is large (set at mount as root): the kernel
+//!   keeps enough requests in flight and its page cache keeps the bytes. Where it stays small
+//!   (an ordinary user's mount), a sequential reader fetches whole blocks and prefetches a
+//!   window ahead of itself into the block cache.
 //! - A random read fetches only its own bytes (the kernel asks for whole pages), unless the
 //!   cache already holds them.
 //!
@@ -25,12 +29,16 @@ use super::seq::{Plan, Sequential};
 use crate::config::{CacheConfig, ReadConfig};
 use crate::gcs::Client;
 use bytes::{Bytes, BytesMut};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Semaphore;
 
 /// Read-ahead budget is counted in units of this many bytes (semaphore permits).
 const PERMIT_BYTES: u64 = 4096;
+/// Kernel read-ahead from which a sequential reader is left to the kernel: enough 1 MiB
+/// requests in flight to keep a stream busy.
+const KERNEL_READ_AHEAD_ENOUGH: u64 = 4 * 1024 * 1024;
 /// Block index of a small object's single whole-object entry.
 const WHOLE: u64 = u64::MAX;
 
@@ -56,6 +64,8 @@ pub struct ReadPath {
     /// Whole objects loaded by prefetch and not yet read: (key, generation).
     prefetched: moka::sync::Cache<(Arc<str>, i64), ()>,
     counters: Arc<Counters>,
+    /// The mount's kernel read-ahead in bytes (0 until the mount reports it).
+    kernel_read_ahead: Arc<AtomicU64>,
 }
 
 /// What loading a whole object into the cache did.
@@ -121,7 +131,20 @@ impl ReadPath {
             bytes_per_stream: read.stream_per_mb.max(1) * 1024 * 1024,
             prefetched,
             counters,
+            kernel_read_ahead: Arc::new(AtomicU64::new(0)),
         }
+    }
+
+    /// Tells the read path how much the kernel reads ahead of a sequential reader of this
+    /// mount (its `read_ahead_kb`). From `KERNEL_READ_AHEAD_ENOUGH` on, the kernel's requests
+    /// are served as they come; below it (an ordinary user's mount, which cannot raise the
+    /// kernel's 128 KiB) rapidfs reads ahead itself, into the block cache.
+    pub fn set_kernel_read_ahead(&self, bytes: u64) {
+        self.kernel_read_ahead.store(bytes, Ordering::Relaxed);
+    }
+
+    fn kernel_reads_ahead(&self) -> bool {
+        self.kernel_read_ahead.load(Ordering::Relaxed) >= KERNEL_READ_AHEAD_ENOUGH
     }
 
     /// The prefetch counters, shared with the prefetcher.
@@ -305,8 +328,11 @@ impl ReadPath {
             return Ok(Bytes::new());
         }
         // Worst case held while answering: every covering block fetched, plus one copy.
+        let kernel_reads_ahead = self.kernel_reads_ahead();
         let held = if h.size <= self.small {
             h.size
+        } else if kernel_reads_ahead {
+            end - offset
         } else {
             ((end - 1) / self.block - offset / self.block + 1) * self.block + (end - offset)
         };
@@ -323,7 +349,7 @@ impl ReadPath {
                 // Read whole in one request and loaded by nobody else: it goes straight to
                 // the reader, whose page cache keeps it. Passing it through the block cache
                 // would cost an insert and an eviction for nothing.
-                let whole = self.fetch_uncached(h, 0, h.size).await?;
+                let whole = self.fetch_once(h).await?;
                 return Ok(crate::metrics::cache_lookup(false, whole));
             }
             let whole = self.cached(h, WHOLE, 0, h.size).await?;
@@ -337,6 +363,15 @@ impl ReadPath {
                     .await;
             }
             return Ok(slice(&whole, offset, end));
+        }
+        if kernel_reads_ahead {
+            // Each request is one range on a pooled stream, straight to the reader: the
+            // kernel's read-ahead keeps enough of them in flight, and its page cache keeps the
+            // bytes, so caching them here too would only cost an insert and a copy.
+            if let Some(b) = self.cached_range(h, offset, end).await {
+                return Ok(b);
+            }
+            return self.fetch_uncached(h, offset, end).await;
         }
         let plan = h
             .seq
@@ -355,6 +390,26 @@ impl ReadPath {
                     return Ok(b);
                 }
                 self.fetch_uncached(h, offset, end).await
+            }
+        }
+    }
+
+    /// Small object `h` whole, on a stream of its own that closes as soon as it is read;
+    /// after any failure, on the object's pool of streams, which reconnects and retries.
+    async fn fetch_once(&self, h: &Handle) -> FsResult<Bytes> {
+        let once = self
+            .client
+            .read_once(&self.bucket, &h.key, h.generation, 0, h.size)
+            .await;
+        match once {
+            Ok(got) => {
+                self.counters
+                    .bump(&self.counters.demand_bytes, got.len() as u64);
+                Ok(got)
+            }
+            Err(e) => {
+                tracing::debug!(key = %h.key, error = %e, "one-shot read failed; retrying on the pool");
+                self.fetch_uncached(h, 0, h.size).await
             }
         }
     }
