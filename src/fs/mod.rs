@@ -335,12 +335,28 @@ impl Fs {
         if let Some(listing) = self.whole_listing(&dir.key()).await {
             return self.lookup_in(&dir, &listing, name);
         }
-        // Finds empty folders too (see `namespace::dir_probe`).
-        let probe = namespace::dir_probe(&dkey);
-        let (obj, sub) = tokio::join!(
-            i.client.get_object(&i.bucket, &fkey),
-            i.client.list_page(&i.bucket, &probe)
-        );
+        // One call finds the object and the folder of that name together; only a page
+        // crowded with names between the two (`name.1`, `name.2`, ...) needs two calls.
+        let (obj, sub) = match i
+            .client
+            .list_page(&i.bucket, &namespace::name_probe(&fkey))
+            .await
+        {
+            Ok(page) if page.next_page_token.is_empty() => {
+                let obj = page.objects.iter().find(|o| o.name == fkey).cloned();
+                let missing = || gcs::Error::NotFound(fkey.clone());
+                (obj.ok_or_else(missing), Ok(page))
+            }
+            Err(e) => return Err(error::log_err("lookup", &fkey, &e)),
+            Ok(_) => {
+                // Finds empty folders too (see `namespace::dir_probe`).
+                let probe = namespace::dir_probe(&dkey);
+                tokio::join!(
+                    i.client.get_object(&i.bucket, &fkey),
+                    i.client.list_page(&i.bucket, &probe)
+                )
+            }
+        };
         match (obj, sub) {
             (obj, Ok(page)) if page.prefixes.contains(&dkey) => {
                 if obj.is_ok() {
@@ -802,5 +818,55 @@ mod tests {
         let again = fs.whole_listing("d/").await.expect("listed");
         assert!(Arc::ptr_eq(&first, &again));
         assert_eq!(emu.stats().list_calls, 1);
+    }
+
+    /// In a directory too large to list, a lookup costs one ListObjects call: it finds a
+    /// file, a folder (which wins over an object of the same name), an empty folder and a
+    /// missing name. Only a name crowded by others sorting before its folder costs two more.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lookup_in_a_large_directory_is_one_call() {
+        let x = Bytes::from_static(b"x");
+        let mut objects = vec![
+            ("d/a", x.clone()),
+            ("d/b", x.clone()),
+            ("d/c", x.clone()),
+            ("d/both", x.clone()),
+            ("d/both/inner", x.clone()),
+            ("d/both.bak", x.clone()),
+        ];
+        let crowd: Vec<String> = (0..20).map(|i| format!("d/y.{i:02}")).collect();
+        objects.push(("d/y", x.clone()));
+        objects.extend(crowd.iter().map(|n| (n.as_str(), x.clone())));
+        let (emu, mut cfg) = test_emulator(&objects, 0).await;
+        cfg.fs.list_page_size = 2;
+        let client = Client::connect(&cfg.gcs).await.expect("client");
+        client
+            .create_folder("b", "d/empty/", false)
+            .await
+            .expect("folder");
+        let fs = Fs::new(client, "b", &cfg);
+        let d = fs.lookup(inode::ROOT_INO, "d").await.expect("d").attr.ino;
+        // The first lookup lists one page, finds the directory large, then probes.
+        let a = fs.lookup(d, "a").await.expect("a");
+        assert_eq!((a.attr.kind, a.attr.size), (Kind::File, 1));
+        let calls = |emu: &crate::emulator::Emulator| {
+            let st = emu.stats();
+            (st.list_calls, st.get_object_calls)
+        };
+        let before = calls(&emu);
+        assert_eq!(fs.lookup(d, "b").await.expect("b").attr.kind, Kind::File);
+        assert_eq!(
+            fs.lookup(d, "both").await.expect("both").attr.kind,
+            Kind::Dir
+        );
+        assert_eq!(
+            fs.lookup(d, "empty").await.expect("empty").attr.kind,
+            Kind::Dir
+        );
+        assert_eq!(fs.lookup(d, "nope").await, Err(Errno::ENOENT));
+        assert_eq!(calls(&emu), (before.0 + 4, before.1));
+        let before = calls(&emu);
+        assert_eq!(fs.lookup(d, "y").await.expect("y").attr.kind, Kind::File);
+        assert_eq!(calls(&emu), (before.0 + 2, before.1 + 1));
     }
 }

@@ -32,6 +32,26 @@ pub fn dir_probe(dkey: &str) -> ListRequest {
     }
 }
 
+/// Entries a name probe asks for: room for the object itself, a few names that sort between
+/// it and its folder (`name.bak`, `name-1`, ...) and the folder. A fuller page is asked again.
+const NAME_PROBE_PAGE: i32 = 16;
+
+/// The one call that answers a lookup of `fkey` in a directory too large to list: every name
+/// from `fkey` itself up to its folder `fkey/` and no further (`0` follows `/`), the folder
+/// collapsed by the delimiter (empty folders too). Its page holds the object of that name, if
+/// any, and the folder, if any, unless it comes back with a next page.
+pub fn name_probe(fkey: &str) -> ListRequest {
+    ListRequest {
+        prefix: fkey.to_string(),
+        delimiter: Some("/".to_string()),
+        page_size: NAME_PROBE_PAGE,
+        lexicographic_start: fkey.to_string(),
+        lexicographic_end: format!("{fkey}0"),
+        include_folders_as_prefixes: true,
+        ..Default::default()
+    }
+}
+
 /// `renameat2` flags this filesystem understands.
 const RENAME_NOREPLACE: u32 = libc::RENAME_NOREPLACE;
 
