@@ -165,7 +165,7 @@ impl Default for FsConfig {
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct ReadConfig {
-    /// First read-ahead window of a sequential reader, in KiB.
+    /// First read-ahead window of a sequential reader, in KiB, where rapidfs reads ahead itself: only when the kernel's read-ahead stays under 4 MiB (a mount by an ordinary user).
     pub readahead_initial_kb: u64,
     /// Largest read-ahead window, in KiB.
     pub readahead_max_kb: u64,
@@ -182,7 +182,7 @@ pub struct ReadConfig {
     pub stream_idle_ms: u64,
     /// Most objects whose streams are kept open at once (the warm pool bound).
     pub max_warm_objects: u64,
-    /// The mount's kernel read-ahead (`/sys/class/bdi/*/read_ahead_kb`), set after mounting, in KiB; 0 leaves the kernel default.
+    /// The mount's kernel read-ahead (`/sys/class/bdi/*/read_ahead_kb`), set after mounting (as root), in KiB; 0 leaves the kernel default. From 4 MiB on, the kernel's read-ahead drives sequential reads.
     pub kernel_read_ahead_kb: u64,
     /// Bytes of upcoming small files (hinted order or directory order) fetched ahead of the reader, in MiB; capped at half the block cache.
     pub prefetch_window_mb: u64,

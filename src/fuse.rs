@@ -795,10 +795,11 @@ impl Filesystem for FuseAdapter {
         let write = flags.acc_mode() != OpenAccMode::O_RDONLY
             || flags.0 & (libc::O_TRUNC | libc::O_APPEND) != 0;
         let truncate = flags.0 & libc::O_TRUNC != 0;
+        let direct = flags.0 & libc::O_DIRECT != 0;
         let t0 = Instant::now();
         if !write {
             let _runtime = self.rt.enter();
-            if let Some(o) = self.fs.open_cached(ino.0) {
+            if let Some(o) = self.fs.open_cached(ino.0, direct) {
                 counted("open", t0);
                 return reply.opened(FileHandle(o.fh), open_flags(&o, false));
             }
@@ -808,7 +809,7 @@ impl Filesystem for FuseAdapter {
             let opened = if write {
                 fs.open_write(ino.0, truncate).await
             } else {
-                fs.open(ino.0, false).await
+                fs.open(ino.0, false, direct).await
             };
             match metered("open", t0, opened, nothing) {
                 Ok(o) => reply.opened(FileHandle(o.fh), open_flags(&o, write)),

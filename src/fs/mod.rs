@@ -522,9 +522,10 @@ impl Fs {
         self.inner.reads.set_kernel_read_ahead(bytes);
     }
 
-    /// Opens a file for reading (`open_write` opens for writing).
-    /// A file being written through this mount is flushed first, so the reader sees it all.
-    pub async fn open(&self, ino: u64, write: bool) -> FsResult<Opened> {
+    /// Opens a file for reading (`open_write` opens for writing); `direct`: with `O_DIRECT`,
+    /// which the kernel reads nothing ahead for. A file being written through this mount is
+    /// flushed first, so the reader sees it all.
+    pub async fn open(&self, ino: u64, write: bool, direct: bool) -> FsResult<Opened> {
         if write {
             return Err(Errno::EROFS);
         }
@@ -535,27 +536,27 @@ impl Fs {
         // Bytes written through this mount must be in the service before a reader opens.
         self.inner.writes.settle(ino).await?;
         let meta = self.fresh_meta(&inode).await?;
-        Ok(self.open_at(&inode, &meta))
+        Ok(self.open_at(&inode, &meta, direct))
     }
 
     /// `open` for reading when nothing needs a call or a wait (no write of the file pending
     /// through this mount, its metadata fresh): what the FUSE thread can answer at once.
     /// `None`: ask `open`. Must run inside the runtime (prefetch may start).
-    pub fn open_cached(&self, ino: u64) -> Option<Opened> {
+    pub fn open_cached(&self, ino: u64, direct: bool) -> Option<Opened> {
         let inode = self.inode(ino).ok()?;
         if inode.kind == Kind::Dir || self.inner.writes.has_writer(ino) {
             return None;
         }
         let meta = self.cached_meta(&inode)?;
-        Some(self.open_at(&inode, &meta))
+        Some(self.open_at(&inode, &meta, direct))
     }
 
     /// A reading handle of `inode` pinned to the version `meta` describes.
-    fn open_at(&self, inode: &Inode, meta: &ObjMeta) -> Opened {
+    fn open_at(&self, inode: &Inode, meta: &ObjMeta, direct: bool) -> Opened {
         let clock = self.inner.prefetch.open_clock(meta.size);
         let keep_cache = inode.note_open(meta.identity(), clock);
         let key = inode.key();
-        let handle = Arc::new(self.inner.reads.open(&key, meta));
+        let handle = Arc::new(self.inner.reads.open(&key, meta, direct));
         self.prefetch_on_open(&key);
         let fh = self.inner.next_fh.fetch_add(1, Ordering::Relaxed);
         lock(&self.inner.files).insert(fh, handle);

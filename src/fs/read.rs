@@ -14,8 +14,9 @@
 //! - A large object's reads are served as the kernel sends them, each one range on a pooled
 //!   stream, when the mount's kernel read-ahead is large (set at mount as root): the kernel
 //!   keeps enough requests in flight and its page cache keeps the bytes. Where it stays small
-//!   (an ordinary user's mount), a sequential reader fetches whole blocks and prefetches a
-//!   window ahead of itself into the block cache.
+//!   (an ordinary user's mount), and for a handle opened with `O_DIRECT` (the kernel reads
+//!   nothing ahead for it), a sequential reader fetches whole blocks and prefetches a window
+//!   ahead of itself into the block cache.
 //! - A random read fetches only its own bytes (the kernel asks for whole pages), unless the
 //!   cache already holds them.
 //!
@@ -84,6 +85,8 @@ pub struct Handle {
     generation: i64,
     size: u64,
     pool: Arc<StreamPool>,
+    /// Opened with `O_DIRECT`: the kernel reads nothing ahead of it.
+    direct: bool,
     seq: Mutex<Sequential>,
 }
 
@@ -247,7 +250,7 @@ impl ReadPath {
     /// Loads every block of large object `key` into the cache, a few blocks at a time.
     pub async fn load_blocks(&self, key: &str, meta: &ObjMeta) -> FsResult<u64> {
         const AT_ONCE: u64 = 8;
-        let h = self.open(key, meta);
+        let h = self.open(key, meta, false);
         let mut at = 0;
         while at < h.size {
             let end = (at + AT_ONCE * self.block).min(h.size);
@@ -278,8 +281,9 @@ impl ReadPath {
         }
     }
 
-    /// A handle reading object `key` at the generation and size in `meta`.
-    pub fn open(&self, key: &str, meta: &ObjMeta) -> Handle {
+    /// A handle reading object `key` at the generation and size in `meta`; `direct`: opened
+    /// with `O_DIRECT`, which the kernel reads nothing ahead for, so this path does.
+    pub fn open(&self, key: &str, meta: &ObjMeta, direct: bool) -> Handle {
         let key: Arc<str> = Arc::from(key);
         let streams = usize::try_from(1 + meta.size / self.bytes_per_stream)
             .unwrap_or(usize::MAX)
@@ -308,6 +312,7 @@ impl ReadPath {
             generation: meta.generation,
             size: meta.size,
             pool,
+            direct,
             seq: Mutex::new(Sequential::new(self.readahead_initial, self.readahead_max)),
         }
     }
@@ -328,7 +333,7 @@ impl ReadPath {
             return Ok(Bytes::new());
         }
         // Worst case held while answering: every covering block fetched, plus one copy.
-        let kernel_reads_ahead = self.kernel_reads_ahead();
+        let kernel_reads_ahead = !h.direct && self.kernel_reads_ahead();
         let held = if h.size <= self.small {
             h.size
         } else if kernel_reads_ahead {
@@ -586,7 +591,7 @@ mod tests {
         }
         assert_eq!(emu.stats().read_streams, 1, "the load is in flight");
         assert!(!load.is_finished());
-        let h = reads.open("f", &meta);
+        let h = reads.open("f", &meta, false);
         let got = reads.read(&h, 0, meta.size).await.expect("read");
         assert_eq!(got.len() as u64, meta.size);
         assert_eq!(load.await.expect("joined"), Ok(Loaded::Fetched(meta.size)));
@@ -623,6 +628,30 @@ mod tests {
         assert!(!reads
             .blocks
             .contains_key(&(Arc::from("f"), meta.generation, WHOLE)));
+    }
+
+    /// Under a large kernel read-ahead a sequential reader's requests go straight to the
+    /// service, nothing read ahead into the block cache; a handle opened with `O_DIRECT`,
+    /// which the kernel reads nothing ahead for, still gets rapidfs's own read-ahead.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn only_a_direct_handle_reads_ahead_when_the_kernel_does() {
+        const MIB: u64 = 1024 * 1024;
+        let big = Bytes::from((0..8 * MIB).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
+        let (_emu, cfg) = crate::fs::test_emulator(&[("big", big.clone())], 0).await;
+        let client = Client::connect(&cfg.gcs).await.expect("client");
+        let meta = ObjMeta::from(&client.get_object("b", "big").await.expect("meta"));
+        let reads = ReadPath::new(client, "b", &cfg.read, &cfg.cache);
+        reads.set_kernel_read_ahead(16 * MIB);
+        let ahead = |reads: &ReadPath| reads.counters.readahead_bytes.load(Ordering::Relaxed);
+        for (direct, reads_ahead) in [(false, false), (true, true)] {
+            let h = reads.open("big", &meta, direct);
+            for i in 0..4 {
+                let got = reads.read(&h, i * MIB, MIB).await.expect("read");
+                assert!(got == big.slice((i * MIB) as usize..((i + 1) * MIB) as usize));
+            }
+            reads.release(&h);
+            assert_eq!(ahead(&reads) > 0, reads_ahead, "direct {direct}");
+        }
     }
 
     #[test]

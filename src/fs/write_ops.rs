@@ -73,7 +73,7 @@ impl Fs {
         let inode = i.inodes.lookup(&key, Kind::File, Some(meta));
         inode.note_open(meta.identity(), i.prefetch.open_clock(0));
         let fh = i.next_fh.fetch_add(1, Ordering::Relaxed);
-        lock(&i.files).insert(fh, Arc::new(i.reads.open(&key, &meta)));
+        lock(&i.files).insert(fh, Arc::new(i.reads.open(&key, &meta, false)));
         i.writes.attach_created(fh, &inode, w);
         Ok((
             self.entry(&inode),
@@ -89,7 +89,7 @@ impl Fs {
     /// starts from an empty staged copy, the object staying as it was until fsync or close.
     pub async fn open_write(&self, ino: u64, truncate: bool) -> FsResult<Opened> {
         self.writable()?;
-        let opened = self.open(ino, false).await?;
+        let opened = self.open(ino, false, false).await?;
         let inode = self.inode(ino)?;
         let Some(meta) = inode.meta().0 else {
             return Err(Errno::EIO);
