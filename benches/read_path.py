@@ -1,37 +1,63 @@
 #!/usr/bin/env python3
-"""Read-path benchmark of issue 4: rapidfs over the memory-backed emulator on loopback, against
-bindfs over a local copy of the same data and against that local copy itself.
+"""Read-path benchmark of issue 18: rapidfs over the memory-backed emulator on loopback, against
+bindfs over a local copy of the same data (the cost of FUSE itself) and that local copy itself.
 
-    python3 benches/read_path.py            # full run: 1 GiB file, 10,000 x 128 KiB, 3 runs
-    python3 benches/read_path.py --quick    # smoke run: small sizes, 1 run
+    python3 benches/read_path.py            # full run: 3 runs, about 3-4 min
+    python3 benches/read_path.py --quick    # smoke run: small sizes, 1 run, about 10 s
+    python3 benches/read_path.py --baseline-binary /tmp/rapidfs-old
+                                            # also mounts an older build as "rapidfs-before"
 
-Workloads (each measured in every run; medians of the runs with min and max):
-  1. cold sequential read of the big file with 1 MiB reads: rapidfs, bindfs, local;
-  2. 4 KiB preads at random 4 KiB-aligned offsets of the big file, queue depth 1 (page cache
-     dropped first, fresh mounts): p50/p99 for rapidfs, bindfs, local;
-  3. the small files read by 4 parallel reader processes (cold): files/s, rapidfs vs local
-     (bindfs for reference);
-  4. `ls -l` of the 10,000-entry directory on fresh mounts: rapidfs, bindfs, local;
-  5. second pass of 1 and 3 on the same mounts (page cache warm) vs local, and vs
-     `bindfs -o kernel_cache` (the kernel keeps a FUSE file's page cache across opens: the
-     ceiling any FUSE filesystem reaches on this kernel).
+Workloads, each measured in every run on fresh mounts, cold (medians of the runs, min and max):
+  a. one reader reads a 1 GiB file (big0.bin) with 1 MiB reads, as `dd bs=1M` does: GB/s;
+  b. four reader processes read four different 1 GiB files (big0..big3.bin) at once, 1 MiB
+     reads: aggregate GB/s;
+  c. four reader processes read 5,000 files of 16 KiB-1 MiB (lognormal, median about 110 KiB,
+     one directory) whole, in an order shuffled each run: files/s;
+  d. a 2 GiB safetensors file (a Llama-like layout of about 200 F16/F32 tensors, 8 KiB-64 MiB)
+     loaded and every tensor touched: with `safetensors.safe_open(framework="np")` and
+     `get_tensor` when safetensors and numpy import in this Python, else by mmap-ing the file
+     and touching one byte per 4 KiB page of every tensor (the JSON says which; the local
+     copy's figure is then only the cost of mapping its cached pages): GB/s;
+  e. 4 KiB preads at random 4 KiB-aligned offsets of big0.bin, queue depth 1: p50/p99 in us.
+Every pass checks the byte count of every file it reads; the safetensors load checks a sum of
+the bytes it touched and the random reads check the bytes against the local copy.
 
-"Cold" follows shared/design/MEASURING.md: fresh mounts, `sync; echo 3 >
-/proc/sys/vm/drop_caches`, then the local backing files are read once so that bindfs and the
-local baseline serve from the page cache and the emulator serves from its memory: what is
-measured is the filesystem, not the disk. The local copy read straight after dropping the
-caches (from disk) is printed too, for reference only.
+Systems: rapidfs (`--binary`), rapidfs-before (`--baseline-binary`, when given: an older build
+mounted over the same emulator in the same runs, so before/after ratios come from one run;
+the emulator is always --binary's build),
+bindfs (defaults) over the local copy, and the local copy. "Cold" follows
+shared/design/MEASURING.md: fresh mounts, `sync; echo 3 > /proc/sys/vm/drop_caches`, then the
+local files of the workload are read once so that bindfs and the local copy serve from the page
+cache and the emulator from its memory: what is measured is the filesystem, not the disk. The
+order of the systems rotates from run to run, and each mount is unmounted after its pass so
+that its page cache does not crowd the others.
 
-Prints a table (figures, ratios against the same run's baselines, the CPU seconds each
-daemon spent per pass, the targets met or missed) and writes
-target/bench-results/read_path.json (cores, kernel, load, configuration, every run). The
-benchmark and everything it starts run at nice -10 (`--nice`) because the machine is shared. Needs root (drop_caches, mounts), fuse3 and bindfs (installed with apt-get when
+For every workload and system the table gives the rate, the ratios to bindfs (and rapidfs to
+rapidfs-before), the CPU time of the mount daemon and of the emulator (utime + stime from
+/proc/PID/stat around the pass) per GiB, per file or per random read, and the machine's idle
+share during the pass (idle + iowait over all jiffies of all CPUs in /proc/stat; other work on
+the machine lowers it too, hence the load average in the header): the emulator, the daemons
+and the readers share the same cores. Then the targets of issue 18, met or missed:
+  a. >= 0.7x bindfs; daemon <= 0.4 CPU-s/GiB; emulator <= 0.25 CPU-s/GiB;
+  b. >= 0.6x bindfs;
+  c. >= 0.7x bindfs; daemon <= 0.08 ms of CPU per file; emulator <= 0.06 ms per file;
+  d. >= 0.7x bindfs;
+  e. p50 <= 100 us.
+Writes target/bench-results/read_path.json (machine, exact configuration, every pass's raw
+seconds and CPU, per-run figures, medians). Data (6.7 GiB, quick 0.6 GiB; about 30 s to
+generate) is generated once under target/bench-data[-quick] and reused while its manifest
+matches; the emulator preloads it all into memory.
+
+The benchmark and everything it starts run at nice -10 (`--nice`) because the machine is
+shared. Needs root (drop_caches, mounts), fuse3 and bindfs (installed with apt-get when
 missing, as tests/setup.sh does). Talks to nothing but 127.0.0.1. Unmounts everything and
 stops the emulator on any exit, including failures and SIGINT/SIGTERM.
 """
 
 import argparse
 import json
+import math
+import mmap
 import multiprocessing
 import os
 import platform
@@ -40,18 +66,30 @@ import re
 import shutil
 import signal
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
 import time
 
-MiB = 1 << 20
 KiB = 1 << 10
+MiB = 1 << 20
+GiB = 1 << 30
+PAGE = 4096
 BUCKET = "bench"
 READERS = 4
+BIGS = 4  # big0..big3.bin: the sequential read uses big0, workload b one reader per file
+MODEL = "model.safetensors"
+# Small files: lognormal sizes around a median of 110 KiB, clipped to [16 KiB, 1 MiB].
+SMALL = dict(median=110 * KiB, sigma=0.8, min=16 * KiB, max=MiB)
+# The data does not depend on --seed (which picks offsets and orders): changing it must not
+# regenerate gigabytes.
+DATA_SEED = 18
 
-FULL = dict(big_bytes=1 << 30, files=10_000, file_bytes=128 * KiB, random_reads=4000, runs=3)
-QUICK = dict(big_bytes=64 * MiB, files=1_000, file_bytes=128 * KiB, random_reads=500, runs=1)
+FULL = dict(big_bytes=GiB, model_bytes=2 * GiB, model_hidden=2048, files=5_000,
+            random_reads=4_000, runs=3)
+QUICK = dict(big_bytes=64 * MiB, model_bytes=256 * MiB, model_hidden=1024, files=500,
+             random_reads=500, runs=1)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -61,7 +99,105 @@ def log(msg):
 
 
 # ---------------------------------------------------------------------------------------------
-# Environment: packages, data, processes, mounts, caches.
+# Data: big files, a safetensors model, small files.
+
+
+def big_name(i):
+    return f"big{i}.bin"
+
+
+def small_name(i):
+    return f"f{i:05d}.bin"
+
+
+def small_sizes(n):
+    """Sizes of the first n small files; the same for every run, seed and mode."""
+    rng = random.Random(DATA_SEED)
+    return [min(max(int(rng.lognormvariate(math.log(SMALL["median"]), SMALL["sigma"])),
+                    SMALL["min"]), SMALL["max"]) for _ in range(n)]
+
+
+DTYPE_BYTES = {"F16": 2, "F32": 4}
+
+
+def model_tensors(hidden, total):
+    """(name, dtype, shape) of a Llama-like model of about `total` bytes: embeddings and head of
+    16,384 x hidden, then as many decoder layers as fit. F16 rather than BF16 because numpy,
+    the framework the safetensors loader uses here, has no bfloat16."""
+    vocab, inter = 16_384, hidden * 11 // 4
+    layer = [("self_attn.q_proj.weight", "F16", [hidden, hidden]),
+             ("self_attn.k_proj.weight", "F16", [hidden // 4, hidden]),
+             ("self_attn.v_proj.weight", "F16", [hidden // 4, hidden]),
+             ("self_attn.o_proj.weight", "F16", [hidden, hidden]),
+             ("mlp.gate_proj.weight", "F16", [inter, hidden]),
+             ("mlp.up_proj.weight", "F16", [inter, hidden]),
+             ("mlp.down_proj.weight", "F16", [hidden, inter]),
+             ("input_layernorm.weight", "F32", [hidden]),
+             ("post_attention_layernorm.weight", "F32", [hidden])]
+    first = [("model.embed_tokens.weight", "F16", [vocab, hidden])]
+    last = [("model.norm.weight", "F32", [hidden]), ("lm_head.weight", "F16", [vocab, hidden])]
+
+    def size(ts):
+        return sum(math.prod(shape) * DTYPE_BYTES[dtype] for _, dtype, shape in ts)
+
+    layers = (total - size(first + last)) // size(layer)
+    return first + [(f"model.layers.{i}.{name}", dtype, shape)
+                    for i in range(layers) for name, dtype, shape in layer] + last
+
+
+def write_random(f, n):
+    while n:
+        chunk = min(n, 16 * MiB)
+        f.write(os.urandom(chunk))
+        n -= chunk
+
+
+def write_safetensors(path, tensors):
+    """The format: 8-byte little-endian header length, a JSON header of every tensor's dtype,
+    shape and data offsets (from the end of the header), then the tensors' bytes in order."""
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for name, dtype, shape in tensors:
+        n = math.prod(shape) * DTYPE_BYTES[dtype]
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + n]}
+        offset += n
+    blob = json.dumps(header).encode()
+    blob += b" " * (-len(blob) % 8)  # spaces are allowed; torch's writer aligns the data to 8
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)) + blob)
+        write_random(f, offset)
+
+
+def make_data(root, cfg):
+    """ROOT/bench/{big0..3.bin, model.safetensors, small/f*.bin} of random bytes; reused while
+    the manifest matches the configuration."""
+    manifest = os.path.join(root, ".manifest.json")
+    want = {"bigs": BIGS, "small": SMALL, "data_seed": DATA_SEED,
+            **{k: cfg[k] for k in ("big_bytes", "model_bytes", "model_hidden", "files")}}
+    try:
+        with open(manifest) as f:
+            if json.load(f) == want:
+                return
+    except (OSError, ValueError):
+        pass
+    log(f"generating data under {root}")
+    shutil.rmtree(root, ignore_errors=True)
+    bucket = os.path.join(root, BUCKET)
+    os.makedirs(os.path.join(bucket, "small"))
+    for i in range(BIGS):
+        with open(os.path.join(bucket, big_name(i)), "wb") as f:
+            write_random(f, cfg["big_bytes"])
+    write_safetensors(os.path.join(bucket, MODEL),
+                      model_tensors(cfg["model_hidden"], cfg["model_bytes"]))
+    for i, size in enumerate(small_sizes(cfg["files"])):
+        with open(os.path.join(bucket, "small", small_name(i)), "wb") as f:
+            write_random(f, size)
+    subprocess.run(["sync"], check=True)
+    with open(manifest, "w") as f:
+        json.dump(want, f)
+
+
+# ---------------------------------------------------------------------------------------------
+# Environment: packages, processes, mounts, caches, CPU accounting.
 
 
 def ensure_packages():
@@ -77,46 +213,10 @@ def ensure_packages():
                        stdout=subprocess.DEVNULL)
 
 
-def small_name(i):
-    return f"f{i:05d}.bin"
-
-
-def make_data(root, sizes):
-    """ROOT/bench/big.bin and ROOT/bench/small/f*.bin of random bytes; reused when the
-    manifest matches."""
-    manifest = os.path.join(root, ".manifest.json")
-    want = {k: sizes[k] for k in ("big_bytes", "files", "file_bytes")}
-    try:
-        with open(manifest) as f:
-            if json.load(f) == want:
-                return
-    except (OSError, ValueError):
-        pass
-    log(f"generating data under {root}")
-    shutil.rmtree(root, ignore_errors=True)
-    small = os.path.join(root, BUCKET, "small")
-    os.makedirs(small)
-    with open(os.path.join(root, BUCKET, "big.bin"), "wb") as f:
-        left = sizes["big_bytes"]
-        while left:
-            n = min(left, 16 * MiB)
-            f.write(os.urandom(n))
-            left -= n
-    for i in range(sizes["files"]):
-        with open(os.path.join(small, small_name(i)), "wb") as f:
-            f.write(os.urandom(sizes["file_bytes"]))
-    subprocess.run(["sync"], check=True)
-    with open(manifest, "w") as f:
-        json.dump(want, f)
-
-
 def drop_caches():
-    """Drops the page, dentry and inode caches, then brings `ls` and its libraries back from
-    disk so that the first system measured after a drop does not pay for them."""
     subprocess.run(["sync"], check=True)
     with open("/proc/sys/vm/drop_caches", "w") as f:
         f.write("3\n")
-    subprocess.run(["ls", "-l", "/"], stdout=subprocess.DEVNULL, check=True)
 
 
 def cpu_seconds(pid):
@@ -127,6 +227,43 @@ def cpu_seconds(pid):
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
         return None
+
+
+def running(pid):
+    """Whether the process exists and has not exited: an exited daemon stays a zombie until
+    init, its parent, reaps it, which can take seconds here."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def cpu_jiffies():
+    """(idle + iowait, total) jiffies of all CPUs since boot (guest time is already in user)."""
+    with open("/proc/stat") as f:
+        user, nice, system, idle, iowait, irq, softirq, steal = map(int, f.readline().split()[1:9])
+    return idle + iowait, user + nice + system + idle + iowait + irq + softirq + steal
+
+
+class Meter:
+    """CPU seconds of some processes, and the machine's idle share, from construction to
+    `stop()`."""
+
+    def __init__(self, pids):
+        self.pids = pids
+        self.cpu = {role: cpu_seconds(pid) for role, pid in pids.items()}
+        self.jiffies = cpu_jiffies()
+
+    def stop(self):
+        idle, total = (b - a for a, b in zip(self.jiffies, cpu_jiffies()))
+        cpu = {}
+        for role, pid in self.pids.items():
+            end = cpu_seconds(pid)
+            if end is None:
+                raise RuntimeError(f"the {role} (pid {pid}) exited during the pass")
+            cpu[role] = end - self.cpu[role]
+        return {"cpu": cpu, "idle": idle / total if total else None}
 
 
 def find_pid(words):
@@ -159,11 +296,17 @@ def is_mounted(path):
         return any(line.split()[1] == real for line in f)
 
 
+def binary_version(binary):
+    r = subprocess.run([binary, "--version"], capture_output=True, text=True)
+    return r.stdout.strip() or None
+
+
 class Bench:
     """Owns the emulator process and every mount, and undoes them all in `close()`."""
 
-    def __init__(self, binary, root, work):
-        self.binary = binary
+    def __init__(self, binaries, root, work):
+        """`binaries`: {system name: rapidfs binary}; the first one also runs the emulator."""
+        self.binaries = binaries
         self.root = root
         self.local = os.path.join(root, BUCKET)
         self.work = work
@@ -174,9 +317,9 @@ class Bench:
 
     def start_emulator(self):
         log_path = os.path.join(self.work, "emulator.log")
+        binary = next(iter(self.binaries.values()))
         self.emulator = subprocess.Popen(
-            [self.binary, "emulator", "--memory", "--root", self.root,
-             "--listen", "127.0.0.1:0"],
+            [binary, "emulator", "--memory", "--root", self.root, "--listen", "127.0.0.1:0"],
             stdout=subprocess.PIPE, stderr=open(log_path, "w"), text=True)
         line = self.emulator.stdout.readline()
         m = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
@@ -191,33 +334,47 @@ class Bench:
         os.makedirs(mnt)
         return mnt
 
-    def mount_rapidfs(self):
-        mnt = self._mountpoint("rapidfs")
+    def _register(self, mnt, words):
+        """Records the mount's daemon; fails when it cannot be found, since its CPU time is
+        one of the figures."""
+        self.mounts[mnt] = find_pid(words)
+        if self.mounts[mnt] is None:
+            raise RuntimeError(f"no daemon process found for {mnt}")
+
+    def mount_rapidfs(self, system):
+        binary = self.binaries[system]
+        mnt = self._mountpoint(system)
         # The first mount may wait for the emulator's preload: retry a few times.
         for attempt in range(5):
             r = subprocess.run(
-                [self.binary, "mount", BUCKET, mnt, "--endpoint", self.endpoint,
-                 "--log-file", os.path.join(self.work, "mount.log")],
+                [binary, "mount", BUCKET, mnt, "--endpoint", self.endpoint,
+                 "--log-file", os.path.join(self.work, f"{system}.log")],
                 capture_output=True, text=True, timeout=120)
             if r.returncode == 0:
                 break
             if attempt == 4 or self.emulator.poll() is not None:
-                raise RuntimeError(f"rapidfs mount failed: {r.stderr.strip()}")
+                raise RuntimeError(f"{system} mount failed: {r.stderr.strip()}")
             time.sleep(2)
-        self.mounts[mnt] = find_pid(["rapidfs", "mount", mnt])
+        self._register(mnt, [os.path.basename(binary), "mount", mnt])
         return mnt
 
-    def mount_bindfs(self, kernel_cache=False):
-        """bindfs over the local copy; with `kernel_cache`, the kernel keeps its page cache
-        across opens (the ceiling any FUSE filesystem reaches for warm reads)."""
-        mnt = self._mountpoint("bindfs-kc" if kernel_cache else "bindfs")
-        opts = ["-o", "kernel_cache"] if kernel_cache else []
-        subprocess.run(["bindfs", *opts, self.local, mnt], check=True, timeout=60)
-        self.mounts[mnt] = find_pid(["bindfs", mnt])
+    def mount_bindfs(self):
+        mnt = self._mountpoint("bindfs")
+        subprocess.run(["bindfs", self.local, mnt], check=True, timeout=60)
+        self._register(mnt, ["bindfs", mnt])
         return mnt
 
-    def pid(self, mnt):
-        return self.mounts.get(mnt)
+    def mount_all(self):
+        """Fresh mounts of every system: [(system, directory, {role: pid to meter})]; "local"
+        is the backing directory itself."""
+        systems = []
+        for name in self.binaries:
+            mnt = self.mount_rapidfs(name)
+            systems.append((name, mnt, {"daemon": self.mounts[mnt], "emulator": self.emulator.pid}))
+        mnt = self.mount_bindfs()
+        systems.append(("bindfs", mnt, {"daemon": self.mounts[mnt]}))
+        systems.append(("local", self.local, {}))
+        return systems
 
     def unmount(self, mnt):
         pid = self.mounts.pop(mnt, None)
@@ -227,22 +384,19 @@ class Bench:
             subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
         if pid is not None:
             deadline = time.time() + 10
-            while cpu_seconds(pid) is not None and time.time() < deadline:
-                time.sleep(0.05)
-            if cpu_seconds(pid) is not None:
+            while running(pid) and time.time() < deadline:
+                time.sleep(0.01)
+            if running(pid):
                 os.kill(pid, signal.SIGKILL)
         try:
             os.rmdir(mnt)
         except OSError:
             pass
 
-    def unmount_all(self):
-        for mnt in list(self.mounts):
-            self.unmount(mnt)
-
     def close(self):
         try:
-            self.unmount_all()
+            for mnt in list(self.mounts):
+                self.unmount(mnt)
         finally:
             if self.emulator is not None and self.emulator.poll() is None:
                 self.emulator.terminate()
@@ -254,11 +408,11 @@ class Bench:
 
 
 # ---------------------------------------------------------------------------------------------
-# Workloads. Each returns its figure plus the CPU seconds the daemons spent meanwhile.
+# Reads. Each measuring function returns the raw record of one pass and fails on wrong bytes.
 
 
 def read_whole(path, buf):
-    """Reads a file to the end with 1 MiB reads; returns the byte count."""
+    """Reads a file to the end with reads of len(buf); returns the byte count."""
     total = 0
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -271,86 +425,6 @@ def read_whole(path, buf):
         os.close(fd)
 
 
-def seq_read(path, expect):
-    buf = bytearray(MiB)
-    t0 = time.perf_counter()
-    n = read_whole(path, buf)
-    dt = time.perf_counter() - t0
-    if n != expect:
-        raise RuntimeError(f"{path}: read {n} bytes, expected {expect}")
-    return dt
-
-
-def random_reads(path, offsets):
-    """4 KiB preads at `offsets`, one at a time; latencies in microseconds and the bytes."""
-    lat, data = [], []
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        for off in offsets:
-            t0 = time.perf_counter_ns()
-            b = os.pread(fd, 4096, off)
-            lat.append((time.perf_counter_ns() - t0) / 1000)
-            data.append(b)
-    finally:
-        os.close(fd)
-    return lat, data
-
-
-def _reader(paths, expect, barrier, out):
-    buf = bytearray(MiB)
-    barrier.wait()
-    bad = 0
-    for p in paths:
-        if read_whole(p, buf) != expect:
-            bad += 1
-    out.send((time.perf_counter(), bad))
-    out.close()
-
-
-def parallel_files(directory, names, expect):
-    """READERS processes read `names` (dealt round robin) under `directory`; returns the
-    seconds from the common start to the last reader's end."""
-    ctx = multiprocessing.get_context("fork")
-    barrier = ctx.Barrier(READERS + 1)
-    procs, pipes = [], []
-    for i in range(READERS):
-        rd, wr = ctx.Pipe(duplex=False)
-        paths = [os.path.join(directory, n) for n in names[i::READERS]]
-        p = ctx.Process(target=_reader, args=(paths, expect, barrier, wr))
-        p.start()
-        procs.append(p)
-        pipes.append(rd)
-    try:
-        barrier.wait(timeout=60)
-        t0 = time.perf_counter()
-        ends, bad = [], 0
-        for rd in pipes:
-            if not rd.poll(600):
-                raise RuntimeError("a reader process did not finish within 600 s")
-            end, b = rd.recv()
-            ends.append(end)
-            bad += b
-    finally:
-        for p in procs:
-            p.join(10)
-            if p.is_alive():
-                p.kill()
-                p.join()
-    if bad:
-        raise RuntimeError(f"{bad} files under {directory} did not read {expect} bytes")
-    return max(ends) - t0
-
-
-def ls_l(directory, entries):
-    t0 = time.perf_counter()
-    r = subprocess.run(["ls", "-l", directory], capture_output=True, text=True, timeout=600)
-    dt = time.perf_counter() - t0
-    lines = r.stdout.count("\n") - 1  # minus the "total" line
-    if r.returncode != 0 or lines != entries:
-        raise RuntimeError(f"ls -l {directory}: rc {r.returncode}, {lines} entries of {entries}")
-    return dt
-
-
 def warm_local(paths):
     """Reads the local backing files once (the MEASURING.md cold procedure)."""
     buf = bytearray(MiB)
@@ -358,149 +432,219 @@ def warm_local(paths):
         read_whole(p, buf)
 
 
-class Cpu:
-    """CPU seconds used by the given pids between construction and `done()`."""
-
-    def __init__(self, pids):
-        self.pids = {k: v for k, v in pids.items() if v is not None}
-        self.start = {k: cpu_seconds(v) for k, v in self.pids.items()}
-
-    def done(self):
-        out = {}
-        for k, pid in self.pids.items():
-            end = cpu_seconds(pid)
-            if end is not None and self.start[k] is not None:
-                out[k] = round(end - self.start[k], 3)
-        return out
+def seq_read(path, expect):
+    buf = bytearray(MiB)
+    t0 = time.perf_counter()
+    n = read_whole(path, buf)
+    dt = time.perf_counter() - t0
+    if n != expect:
+        raise RuntimeError(f"{path}: read {n} bytes, expected {expect}")
+    return {"seconds": dt, "bytes": n}
 
 
-def one_run(b, sizes, run, rng):
-    """Every workload once; returns ({figure: {system: seconds or us}}, CPU notes, read-ahead)."""
-    big = sizes["big_bytes"]
-    fbytes = sizes["file_bytes"]
-    names = [small_name(i) for i in range(sizes["files"])]
-    local_big = os.path.join(b.local, "big.bin")
-    local_small = os.path.join(b.local, "small")
-    local_small_paths = [os.path.join(local_small, n) for n in names]
-    res, cpu = {}, {}
+def _reader(jobs, barrier, out):
+    buf = bytearray(MiB)
+    barrier.wait()
+    bad = [path for path, size in jobs if read_whole(path, buf) != size]
+    out.send((time.perf_counter(), bad[:3], len(bad)))
+    out.close()
 
-    def systems(with_kc):
-        """(name, mountpoint or local dir, daemons to account CPU to) on fresh mounts."""
-        out = [("rapidfs", b.mount_rapidfs()), ("bindfs", b.mount_bindfs())]
-        if with_kc:
-            out.append(("bindfs-kc", b.mount_bindfs(kernel_cache=True)))
-        out = [(n, m, {n: b.pid(m)}) for n, m in out]
-        out[0][2]["emulator"] = b.emulator.pid
-        return out + [("local", b.local, {})]
 
-    def measure(figure, name, pids, fn):
-        c = Cpu(pids)
-        res.setdefault(figure, {})[name] = fn()
-        cpu.setdefault(figure, {})[name] = c.done()
+def parallel_read(jobs):
+    """One process per list of (path, expected size) in `jobs`, each reading its files whole
+    with 1 MiB reads; the seconds run from the common start to the last reader's end."""
+    ctx = multiprocessing.get_context("fork")
+    barrier = ctx.Barrier(len(jobs) + 1)
+    procs, pipes = [], []
+    for mine in jobs:
+        rd, wr = ctx.Pipe(duplex=False)
+        p = ctx.Process(target=_reader, args=(mine, barrier, wr))
+        p.start()
+        procs.append(p)
+        pipes.append(rd)
+    try:
+        barrier.wait(timeout=60)
+        t0 = time.perf_counter()
+        ends, bad, n_bad = [], [], 0
+        for rd in pipes:
+            if not rd.poll(600):
+                raise RuntimeError("a reader process did not finish within 600 s")
+            end, some, n = rd.recv()
+            ends.append(end)
+            bad += some
+            n_bad += n
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    if n_bad:
+        raise RuntimeError(f"{n_bad} files read short or long, e.g. {bad}")
+    return {"seconds": max(ends) - t0, "bytes": sum(s for mine in jobs for _, s in mine),
+            "files": sum(len(mine) for mine in jobs)}
 
-    # 1 + 5a: sequential read of the big file, cold then warm, on fresh mounts.
-    log(f"run {run}: sequential read of {big >> 20} MiB")
-    sys_ = systems(with_kc=True)
+
+def random_reads(path, offsets, want):
+    """4 KiB preads at `offsets`, one at a time; checks the bytes against `want`."""
+    lat, got = [], []
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for off in offsets:
+            t0 = time.perf_counter_ns()
+            got.append(os.pread(fd, PAGE, off))
+            lat.append((time.perf_counter_ns() - t0) / 1000)
+    finally:
+        os.close(fd)
+    if got != want:
+        raise RuntimeError(f"{path}: random reads returned wrong bytes")
+    q = statistics.quantiles(lat, n=100, method="inclusive")
+    return {"p50_us": q[49], "p99_us": q[98], "reads": len(offsets)}
+
+
+def safetensors_header(path):
+    """(offset of the data, [(begin, end) of every tensor, relative to the data])."""
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+    header.pop("__metadata__", None)
+    return 8 + n, [tuple(t["data_offsets"]) for t in header.values()]
+
+
+def load_mmap(path):
+    """Maps the file as safetensors does and touches one byte per 4 KiB of every tensor;
+    returns (tensor bytes, sum of the bytes touched)."""
+    start, tensors = safetensors_header(path)
+    n = total = 0
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        for begin, end in tensors:
+            total += sum(mm[start + begin:start + end:PAGE])
+            n += end - begin
+    return n, total
+
+
+def safetensors_loader():
+    """(description, load function) of the way a user loads the model: the safetensors
+    library with numpy when both import here (nothing is installed for it), else mmap."""
+    try:
+        import numpy as np
+        from safetensors import safe_open
+    except ImportError:
+        return "mmap, one byte per 4 KiB page of every tensor (no safetensors+numpy)", load_mmap
+
+    def load(path):
+        """Same result as load_mmap, through safetensors' own reader."""
+        n = total = 0
+        with safe_open(path, framework="np") as f:
+            for name in f.keys():
+                t = f.get_tensor(name)
+                n += t.nbytes
+                total += int(t.reshape(-1).view(np.uint8)[::PAGE].sum())
+        return n, total
+
+    return "safetensors.safe_open(framework='np'), get_tensor of every tensor", load
+
+
+def load_model(path, load, expect):
+    t0 = time.perf_counter()
+    got = load(path)
+    dt = time.perf_counter() - t0
+    if got != expect:
+        raise RuntimeError(f"{path}: loaded (bytes, sum) {got}, expected {expect}")
+    return {"seconds": dt, "bytes": os.path.getsize(path)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Runs.
+
+
+def cold_pass(b, run, local_files, measure):
+    """Fresh mounts, caches dropped, `local_files` read once; then `measure(directory)` on each
+    system in turn, each unmounted after its pass. Returns {system: raw record}."""
+    systems = b.mount_all()
     drop_caches()
-    measure("seq_local_disk_s", "local", {}, lambda: seq_read(local_big, big))
-    warm_local([local_big])
-    for phase in ("cold", "warm"):
-        for name, d, pids in sys_:
-            path = os.path.join(d, "big.bin")
-            measure(f"seq_{phase}_s", name, pids, lambda: seq_read(path, big))
-    ra = {name: bdi_read_ahead_kb(d) for name, d, _ in sys_}
-    b.unmount_all()
+    warm_local(local_files)
+    # Rotate the order so that no system is always the first after the drop.
+    k = run % len(systems)
+    out = {}
+    for name, d, pids in systems[k:] + systems[:k]:
+        ra = bdi_read_ahead_kb(d)
+        meter = Meter(pids)
+        rec = measure(d)
+        out[name] = {**rec, **meter.stop(), "read_ahead_kb": ra}
+        if d != b.local:
+            b.unmount(d)
+    return out
 
-    # 2: random 4 KiB preads, queue depth 1, page cache dropped, fresh mounts.
-    log(f"run {run}: {sizes['random_reads']} random 4 KiB preads")
-    offsets = [rng.randrange(big // 4096) * 4096 for _ in range(sizes["random_reads"])]
-    sys_ = systems(with_kc=False)
-    drop_caches()
-    warm_local([local_big])
-    with open(local_big, "rb") as f:
-        want = [os.pread(f.fileno(), 4096, off) for off in offsets]
-    for name, d, pids in sys_:
-        lat, data = {}, {}
 
-        def run_random():
-            lat["us"], data["bytes"] = random_reads(os.path.join(d, "big.bin"), offsets)
-            return statistics.quantiles(lat["us"], n=100, method="inclusive")
+def one_run(b, cfg, run, rng, model):
+    """Every workload once; returns {workload: {system: raw record}}."""
+    big, local = cfg["big_bytes"], b.local
+    bigs = [big_name(i) for i in range(BIGS)]
+    big0 = os.path.join(local, bigs[0])
+    res = {}
 
-        measure("rand_quantiles_us", name, pids, run_random)
-        if data["bytes"] != want:
-            raise RuntimeError(f"{name}: random reads returned wrong bytes")
-        q = res["rand_quantiles_us"].pop(name)
-        res.setdefault("rand_p50_us", {})[name] = q[49]
-        res.setdefault("rand_p99_us", {})[name] = q[98]
-    res.pop("rand_quantiles_us", None)
-    b.unmount_all()
+    log(f"run {run}: a. sequential read of {big >> 20} MiB")
+    res["seq"] = cold_pass(b, run, [big0], lambda d: seq_read(os.path.join(d, bigs[0]), big))
 
-    # 3 + 5b: the small files by 4 readers, cold then warm, on fresh mounts.
-    log(f"run {run}: {sizes['files']} files by {READERS} readers")
-    sys_ = systems(with_kc=True)
-    drop_caches()
-    measure("files_local_disk_s", "local", {},
-            lambda: parallel_files(local_small, names, fbytes))
-    warm_local(local_small_paths)
-    for phase in ("cold", "warm"):
-        for name, d, pids in sys_:
-            small = os.path.join(d, "small")
-            measure(f"files_{phase}_s", name, pids, lambda: parallel_files(small, names, fbytes))
-    b.unmount_all()
+    log(f"run {run}: b. {BIGS} readers of {BIGS} x {big >> 20} MiB")
+    res["par4"] = cold_pass(
+        b, run, [os.path.join(local, n) for n in bigs],
+        lambda d: parallel_read([[(os.path.join(d, n), big)] for n in bigs]))
 
-    # 4: ls -l of the many-entry directory on fresh mounts.
-    log(f"run {run}: ls -l of {sizes['files']} entries")
-    sys_ = systems(with_kc=False)
-    drop_caches()
-    for n in names:
-        os.stat(os.path.join(local_small, n))
-    for name, d, pids in sys_:
-        small = os.path.join(d, "small")
-        measure("ls_s", name, pids, lambda: ls_l(small, sizes["files"]))
-    b.unmount_all()
-    return res, cpu, ra
+    log(f"run {run}: c. {cfg['files']} small files by {READERS} readers")
+    files = [(os.path.join("small", small_name(i)), size)
+             for i, size in enumerate(small_sizes(cfg["files"]))]
+    rng.shuffle(files)
+    res["small"] = cold_pass(
+        b, run, [os.path.join(local, n) for n, _ in files],
+        lambda d: parallel_read([[(os.path.join(d, n), s) for n, s in files[i::READERS]]
+                                 for i in range(READERS)]))
+
+    log(f"run {run}: d. safetensors load of {cfg['model_bytes'] >> 20} MiB")
+    load, expect = model
+    res["safetensors"] = cold_pass(b, run, [os.path.join(local, MODEL)],
+                                   lambda d: load_model(os.path.join(d, MODEL), load, expect))
+
+    log(f"run {run}: e. {cfg['random_reads']} random 4 KiB preads")
+    offsets = [rng.randrange(big // PAGE) * PAGE for _ in range(cfg["random_reads"])]
+    with open(big0, "rb") as f:
+        want = [os.pread(f.fileno(), PAGE, off) for off in offsets]
+    res["rand"] = cold_pass(b, run, [big0],
+                            lambda d: random_reads(os.path.join(d, bigs[0]), offsets, want))
+    return res
 
 
 # ---------------------------------------------------------------------------------------------
 # Figures, ratios, targets, table.
 
-
-def figures(raw, sizes):
-    """Per-run seconds -> per-run figures in their display units."""
-    big_mb = sizes["big_bytes"] / 1e6
-    out = {}
-    for sys_, s in raw["seq_cold_s"].items():
-        out.setdefault("seq_cold_MBps", {})[sys_] = big_mb / s
-    for sys_, s in raw["seq_warm_s"].items():
-        out.setdefault("seq_warm_MBps", {})[sys_] = big_mb / s
-    out["seq_local_disk_MBps"] = {"local": big_mb / raw["seq_local_disk_s"]["local"]}
-    out["rand_p50_us"] = dict(raw["rand_p50_us"])
-    out["rand_p99_us"] = dict(raw["rand_p99_us"])
-    for key, src in (("files_cold_per_s", "files_cold_s"), ("files_warm_per_s", "files_warm_s"),
-                     ("files_local_disk_per_s", "files_local_disk_s")):
-        out[key] = {s: sizes["files"] / t for s, t in raw[src].items()}
-    out["ls_ms"] = {s: t * 1000 for s, t in raw["ls_s"].items()}
-    return out
+# workload: (label, rate unit, cost unit). Costs are CPU time per GiB, per file or per read.
+WORKLOADS = {
+    "seq": ("a seq read, 1 reader", "GB/s", "CPU-s/GiB"),
+    "par4": ("b 4 readers, 4 files", "GB/s", "CPU-s/GiB"),
+    "small": ("c small files, 4 readers", "files/s", "CPU-ms/file"),
+    "safetensors": ("d safetensors load", "GB/s", "CPU-s/GiB"),
+    "rand": ("e 4K random pread p50", "us", "CPU-us/read"),
+}
+SYSTEMS = ("rapidfs", "rapidfs-before", "bindfs", "local")
+ROLES = ("daemon", "emulator")
 
 
-# (label, figure key, unit, baselines of the ratio column)
-ROWS = [
-    ("1 seq read cold", "seq_cold_MBps", "MB/s", ("bindfs",)),
-    ("  local from disk (ref)", "seq_local_disk_MBps", "MB/s", ()),
-    ("2 4K random p50", "rand_p50_us", "us", ("bindfs",)),
-    ("2 4K random p99", "rand_p99_us", "us", ("bindfs",)),
-    ("3 files x4 cold", "files_cold_per_s", "files/s", ("local",)),
-    ("  local from disk (ref)", "files_local_disk_per_s", "files/s", ()),
-    ("4 ls -l fresh mount", "ls_ms", "ms", ("bindfs", "local")),
-    ("5 seq read warm", "seq_warm_MBps", "MB/s", ("local", "bindfs-kc")),
-    ("5 files x4 warm", "files_warm_per_s", "files/s", ("local", "bindfs-kc")),
-]
-SYSTEMS = ("rapidfs", "bindfs", "bindfs-kc", "local")
-# Which figure's CPU notes belong to which row of the CPU table.
-CPU_ROWS = [("1 seq read cold", "seq_cold_s"), ("2 4K random reads", "rand_quantiles_us"),
-            ("3 files x4 cold", "files_cold_s"), ("4 ls -l", "ls_s"),
-            ("5 seq read warm", "seq_warm_s"), ("5 files x4 warm", "files_warm_s")]
-DAEMONS = ("rapidfs", "emulator", "bindfs", "bindfs-kc")
+def figures(workload, rec):
+    """One pass's raw record -> {"rate", ["p99",] role costs, "idle_pct"}."""
+    if workload == "rand":
+        f = {"rate": rec["p50_us"], "p99": rec["p99_us"]}
+        per = rec["reads"] / 1e6  # CPU seconds / millions of reads = us per read
+    elif workload == "small":
+        f = {"rate": rec["files"] / rec["seconds"]}
+        per = rec["files"] / 1e3  # CPU seconds / thousands of files = ms per file
+    else:
+        f = {"rate": rec["bytes"] / rec["seconds"] / 1e9}
+        per = rec["bytes"] / GiB
+    f.update({role: s / per for role, s in rec["cpu"].items()})
+    if rec["idle"] is not None:
+        f["idle_pct"] = 100 * rec["idle"]
+    return f
 
 
 def summary(values):
@@ -509,59 +653,60 @@ def summary(values):
 
 
 def summarize(per_run):
-    """Medians/min/max of every figure and of every per-run ratio rapidfs/baseline."""
+    """{workload: {system: {figure: summary}, "ratios": {"A/B": summary of per-run rate
+    ratios}}} over the runs."""
     out = {}
-    for _, key, unit, bases in ROWS:
-        entry = {"unit": unit, "ratio_baselines": list(bases)}
-        for s in SYSTEMS:
-            vals = [r[key][s] for r in per_run if s in r[key]]
-            if vals:
-                entry[s] = summary(vals)
-        for b in SYSTEMS[1:]:
-            if all("rapidfs" in r[key] and b in r[key] for r in per_run):
-                entry[f"rapidfs/{b}"] = summary([r[key]["rapidfs"] / r[key][b] for r in per_run])
-        out[key] = entry
+    for w in WORKLOADS:
+        runs = [r[w] for r in per_run]
+        # A pass shorter than a jiffy has no idle share: summarize the runs that have it.
+        entry = {s: {k: summary([r[s][k] for r in runs if k in r[s]])
+                     for k in dict.fromkeys(k for r in runs for k in r[s])}
+                 for s in SYSTEMS if s in runs[0]}
+        pairs = [(s, "bindfs") for s in SYSTEMS if s != "bindfs"] + [("rapidfs", "rapidfs-before")]
+        entry["ratios"] = {f"{a}/{c}": summary([r[a]["rate"] / r[c]["rate"] for r in runs])
+                           for a, c in pairs if a in entry and c in entry}
+        out[w] = entry
     return out
 
 
-def summarize_cpu(cpu_runs):
-    """{row label: {daemon: median CPU seconds}} over the runs (all systems of a figure)."""
-    out = {}
-    for label, fig in CPU_ROWS:
-        got = {}
-        for d in DAEMONS:
-            vals = [sum(v.get(d, 0) for v in run.get(fig, {}).values()) for run in cpu_runs
-                    if any(d in v for v in run.get(fig, {}).values())]
-            if vals:
-                got[d] = statistics.median(vals)
-        out[label] = got
-    return out
+# (what, workload, figure: a ratio "A/B" or a rapidfs figure, "<=" or ">=", bound)
+TARGETS = [
+    ("a seq read >= 0.7x bindfs", "seq", "rapidfs/bindfs", ">=", 0.7),
+    ("a daemon <= 0.4 CPU-s/GiB", "seq", "daemon", "<=", 0.4),
+    ("a emulator <= 0.25 CPU-s/GiB", "seq", "emulator", "<=", 0.25),
+    ("b 4 readers >= 0.6x bindfs", "par4", "rapidfs/bindfs", ">=", 0.6),
+    ("c files/s >= 0.7x bindfs", "small", "rapidfs/bindfs", ">=", 0.7),
+    ("c daemon <= 0.08 CPU-ms/file", "small", "daemon", "<=", 0.08),
+    ("c emulator <= 0.06 CPU-ms/file", "small", "emulator", "<=", 0.06),
+    ("d safetensors load >= 0.7x bindfs", "safetensors", "rapidfs/bindfs", ">=", 0.7),
+    ("e 4K random p50 <= 100 us", "rand", "rate", "<=", 100),
+]
+
+
+def target_value(s, system, workload, fig):
+    """The median of a ratio "rapidfs/B" (read as "SYSTEM/B") or of a SYSTEM figure, or None."""
+    if "/" in fig:
+        e = s[workload]["ratios"].get(fig.replace("rapidfs", system, 1))
+    else:
+        e = s[workload].get(system, {}).get(fig)
+    return e and e["median"]
 
 
 def targets(s):
-    t = []
-    seq = s["seq_cold_MBps"]["rapidfs/bindfs"]["median"]
-    t.append(("(1) cold seq read >= bindfs", f"rapidfs/bindfs = {seq:.2f}", seq >= 1.0))
-    p50 = s["rand_p50_us"]["rapidfs"]["median"]
-    p99 = s["rand_p99_us"]["rapidfs"]["median"]
-    t.append(("(2) 4K random p50 < 150 us", f"{p50:.0f} us", p50 < 150))
-    t.append(("(2) 4K random p99 < 1 ms", f"{p99:.0f} us", p99 < 1000))
-    f = s["files_cold_per_s"]["rapidfs/local"]["median"]
-    t.append(("(3) cold files/s >= 0.5 x local", f"rapidfs/local = {f:.2f}", f >= 0.5))
-    for key, what in (("seq_warm_MBps", "seq read"), ("files_warm_per_s", "files/s")):
-        w = s[key]["rapidfs/local"]["median"]
-        kc = s[key].get("rapidfs/bindfs-kc", {}).get("median")
-        extra = f" (FUSE page-cache ceiling, bindfs -o kernel_cache: rapidfs/bindfs-kc = {kc:.2f})" if kc else ""
-        t.append((f"(5) warm {what} within 10% of local", f"rapidfs/local = {w:.2f}{extra}", w >= 0.9))
-    return [{"target": a, "value": v, "met": m} for a, v, m in t]
+    """Each target with rapidfs's median, and rapidfs-before's when it was measured."""
+    out = []
+    for what, w, fig, op, bound in TARGETS:
+        v = target_value(s, "rapidfs", w, fig)
+        out.append({"target": what, "rapidfs": v,
+                    "rapidfs-before": target_value(s, "rapidfs-before", w, fig),
+                    "met": v <= bound if op == "<=" else v >= bound})
+    return out
 
 
 def fmt(x):
-    if x >= 100:
-        return f"{x:.0f}"
-    if x >= 10:
-        return f"{x:.1f}"
-    return f"{x:.2f}"
+    if x is None:
+        return "-"
+    return f"{x:.0f}" if x >= 100 else f"{x:.3g}"
 
 
 def cell(e):
@@ -573,30 +718,48 @@ def cell(e):
 
 
 def columns(head, rows):
+    rows = [r + [""] * (len(head) - len(r)) for r in rows]
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
             for r in [head, ["-" * w for w in widths], *rows]]
 
 
-def table(s, cpu, tg, sizes, runs, loads):
+def table_rows(s):
+    """One row per workload and system (the workload named on its first row only), and the
+    random reads' p99 as rows of their own."""
     rows = []
-    for label, key, unit, bases in ROWS:
-        e = s[key]
-        ratio = ", ".join(f"{cell(e.get(f'rapidfs/{b}'))} vs {b}" for b in bases)
-        rows.append([label, unit, *(cell(e.get(x)) for x in SYSTEMS), ratio])
-    lines = [f"read-path benchmark: median [min-max] of {runs} run(s); big file "
-             f"{sizes['big_bytes'] >> 20} MiB, {sizes['files']} files x "
-             f"{sizes['file_bytes'] >> 10} KiB, {sizes['random_reads']} random reads; "
-             f"{os.cpu_count()} cores shared by the emulator, the mount daemons and the readers; "
-             f"load average during the runs {min(loads):.1f}-{max(loads):.1f}",
-             *columns(["workload", "unit", *SYSTEMS, "rapidfs/baseline"], rows), "",
-             "daemon CPU seconds per pass (median; what the 2 shared cores paid):"]
-    lines += columns(["workload", *DAEMONS],
-                     [[label, *(f"{cpu[label][d]:.2f}" if d in cpu[label] else "-" for d in DAEMONS)]
-                      for label, _ in CPU_ROWS])
-    lines.append("")
+    for w, (label, unit, cost_unit) in WORKLOADS.items():
+        present = [system for system in SYSTEMS if system in s[w]]
+        for i, system in enumerate(present):
+            e = s[w][system]
+            med = {k: v["median"] for k, v in e.items()}
+            ratios = s[w]["ratios"]
+            rows.append([label if i == 0 else "", system, cell(e["rate"]), unit,
+                         cell(ratios.get(f"{system}/bindfs")),
+                         cell(ratios.get("rapidfs/rapidfs-before")) if system == "rapidfs" else "",
+                         *(fmt(med.get(role)) for role in ROLES),
+                         cost_unit if "daemon" in med else "",
+                         f"{med['idle_pct']:.0f}" if "idle_pct" in med else "-"])
+        if w == "rand":
+            rows += [["e 4K random pread p99" if i == 0 else "", system,
+                      cell(s[w][system]["p99"]), "us"] for i, system in enumerate(present)]
+    return rows
+
+
+def table(s, tg, cfg, model_desc, loads):
+    lines = [f"read-path benchmark (issue 18): median [min-max] of {cfg['runs']} run(s), "
+             f"every pass cold on fresh mounts; big files {cfg['big_bytes'] >> 20} MiB, "
+             f"{model_desc}, "
+             f"{cfg['files']} small files, {cfg['random_reads']} random reads; "
+             f"{os.cpu_count()} cores shared by the emulator, the daemons and the readers; "
+             f"load average {min(loads):.1f}-{max(loads):.1f}",
+             *columns(["workload", "system", "rate", "unit", "x bindfs", "x before",
+                       "daemon", "emulator", "CPU per", "idle %"], table_rows(s)), ""]
     for t in tg:
-        lines.append(f"{'MET   ' if t['met'] else 'MISSED'} {t['target']}: {t['value']}")
+        before = (f" (rapidfs-before {fmt(t['rapidfs-before'])})"
+                  if t["rapidfs-before"] is not None else "")
+        lines.append(f"{'MET   ' if t['met'] else 'MISSED'} {t['target']}: "
+                     f"{fmt(t['rapidfs'])}{before}")
     return "\n".join(lines)
 
 
@@ -604,7 +767,8 @@ def table(s, cpu, tg, sizes, runs, loads):
 
 
 def machine():
-    info = {"cores": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version()}
+    info = {"cores": os.cpu_count(), "kernel": platform.release(),
+            "python": platform.python_version()}
     try:
         with open("/proc/cpuinfo") as f:
             m = re.search(r"model name\s*:\s*(.*)", f.read())
@@ -627,10 +791,12 @@ def main():
     ap.add_argument("--quick", action="store_true", help="small sizes, one run (smoke test)")
     ap.add_argument("--runs", type=int, help="runs to take the median of (default 3, quick 1)")
     ap.add_argument("--binary", default=os.path.join(REPO, "target", "release", "rapidfs"))
+    ap.add_argument("--baseline-binary",
+                    help="an older rapidfs build, mounted as rapidfs-before over the same emulator")
     ap.add_argument("--no-build", action="store_true", help="do not run cargo build --release")
     ap.add_argument("--data", help="where the generated data lives (default target/bench-data[-quick])")
     ap.add_argument("--out", default=os.path.join(REPO, "target", "bench-results", "read_path.json"))
-    ap.add_argument("--seed", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=4, help="picks the random offsets and file orders")
     ap.add_argument("--nice", type=int, default=-10,
                     help="niceness of the benchmark and everything it starts (default -10: "
                          "other work on the machine disturbs the figures less; 0 to keep)")
@@ -638,10 +804,11 @@ def main():
 
     if os.geteuid() != 0:
         sys.exit("read_path.py: needs root (drop_caches, FUSE mounts)")
-    sizes = dict(QUICK if args.quick else FULL)
+    cfg = dict(QUICK if args.quick else FULL)
     if args.runs:
-        sizes["runs"] = args.runs
-    data = args.data or os.path.join(REPO, "target", "bench-data-quick" if args.quick else "bench-data")
+        cfg["runs"] = args.runs
+    data = os.path.abspath(args.data or os.path.join(
+        REPO, "target", "bench-data-quick" if args.quick else "bench-data"))
 
     ensure_packages()
     if args.nice:
@@ -649,12 +816,22 @@ def main():
     if not args.no_build:
         log("cargo build --release")
         subprocess.run(["cargo", "build", "--release", "--quiet"], cwd=REPO, check=True)
-    if not os.access(args.binary, os.X_OK):
-        sys.exit(f"read_path.py: no rapidfs binary at {args.binary}")
-    make_data(data, sizes)
+    binaries = {"rapidfs": os.path.abspath(args.binary)}
+    if args.baseline_binary:
+        binaries["rapidfs-before"] = os.path.abspath(args.baseline_binary)
+    for binary in binaries.values():
+        if not os.access(binary, os.X_OK):
+            sys.exit(f"read_path.py: no rapidfs binary at {binary}")
+    make_data(data, cfg)
+    loader, load = safetensors_loader()
+    model_path = os.path.join(data, BUCKET, MODEL)
+    model = (load, load_mmap(model_path))  # the reference comes from the local copy
+    n_tensors = len(safetensors_header(model_path)[1])
+    model_desc = f"safetensors {os.path.getsize(model_path) >> 20} MiB / {n_tensors} tensors"
+    log(f"safetensors loader: {loader}")
 
     work = tempfile.mkdtemp(prefix="rapidfs-bench-")
-    b = Bench(args.binary, os.path.abspath(data), work)
+    b = Bench(binaries, data, work)
 
     def on_signal(signum, _frame):
         # Further signals must not interrupt the cleanup this one starts.
@@ -665,57 +842,67 @@ def main():
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
     rng = random.Random(args.seed)
-    per_run, raw_runs, cpu_runs, read_ahead, loads = [], [], [], None, []
+    raw_runs, loads = [], []
+    started = time.time()
     try:
         b.start_emulator()
-        for run in range(1, sizes["runs"] + 1):
+        for run in range(cfg["runs"]):
             loads.append(os.getloadavg()[0])
-            raw, cpu, read_ahead = one_run(b, sizes, run, rng)
+            raw_runs.append(one_run(b, cfg, run + 1, rng, model))
             loads.append(os.getloadavg()[0])
-            raw_runs.append(raw)
-            cpu_runs.append(cpu)
-            per_run.append(figures(raw, sizes))
     finally:
         b.close()
         shutil.rmtree(work, ignore_errors=True)
+    seconds = time.time() - started
 
+    per_run = [{w: {s: figures(w, rec) for s, rec in raw[w].items()} for w in WORKLOADS}
+               for raw in raw_runs]
     s = summarize(per_run)
     tg = targets(s)
-    cpu = summarize_cpu(cpu_runs)
-    text = table(s, cpu, tg, sizes, sizes["runs"], loads)
-    print(text)
+    print(table(s, tg, cfg, model_desc, loads))
+    sizes = small_sizes(cfg["files"])
     result = {
-        "benchmark": "read_path (issue 4)",
+        "benchmark": "read_path (issue 18)",
         "command": " ".join(["python3", "benches/read_path.py", *sys.argv[1:]]),
         "when_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "seconds": round(seconds, 1),
         "machine": machine(),
         "config": {
-            **sizes,
+            **cfg,
+            "big_files": BIGS,
+            "model_file_bytes": os.path.getsize(model_path),
+            "model_tensors": n_tensors,
+            "safetensors_loader": loader,
+            "small_files": {**SMALL, "total_bytes": sum(sizes),
+                            "median_bytes": statistics.median(sizes)},
             "readers": READERS,
             "read_size": MiB,
-            "rapidfs_commit": git_head(),
-            "rapidfs_binary": args.binary,
-            "emulator": "rapidfs emulator --memory --root DATA --listen 127.0.0.1:0 (same machine)",
-            "rapidfs_mount": "rapidfs mount bench MNT --endpoint http://127.0.0.1:PORT (defaults)",
+            "seed": args.seed,
+            "data_seed": DATA_SEED,
+            "units": {w: {"rate": u, "cost": c} for w, (_, u, c) in WORKLOADS.items()},
+            "repo_commit": git_head(),
+            "binaries": {s: {"path": p, "version": binary_version(p)} for s, p in binaries.items()},
+            "emulator": "rapidfs emulator --memory --root DATA --listen 127.0.0.1:0 (same "
+                        "machine, --binary's build, shared by every rapidfs system)",
+            "rapidfs_mount": "BINARY mount bench MNT --endpoint http://127.0.0.1:PORT (defaults)",
             "bindfs": "bindfs DATA/bench MNT (defaults)",
-            "bindfs-kc": "bindfs -o kernel_cache DATA/bench MNT (FUSE page-cache ceiling, warm rows)",
             "nice": args.nice,
             "load_average_1min": loads,
-            "bdi_read_ahead_kb": read_ahead,
-            "cold": "fresh mounts; sync; echo 3 > /proc/sys/vm/drop_caches; local backing files read once",
-            "shared_cores": "the emulator, the mount daemon, bindfs and the readers share all cores",
+            "cold": "fresh mounts; sync; echo 3 > /proc/sys/vm/drop_caches; the workload's "
+                    "local files read once; systems in an order rotated per run, each "
+                    "unmounted after its pass",
+            "idle": "(idle + iowait) / all jiffies of all CPUs in /proc/stat during the pass",
+            "shared_cores": "the emulator, the mount daemons and the readers share all cores",
         },
         "summary": s,
         "targets": tg,
         "runs": per_run,
-        "raw_seconds": raw_runs,
-        "daemon_cpu_seconds": cpu_runs,
-        "daemon_cpu_seconds_median": cpu,
+        "raw": raw_runs,
     }
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
-    print(f"\nwritten {args.out}")
+    print(f"\nwritten {args.out} ({seconds:.0f} s of runs)")
 
 
 if __name__ == "__main__":
