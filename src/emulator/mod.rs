@@ -17,6 +17,7 @@ mod faults;
 mod listing;
 mod memory;
 mod read;
+mod read_wire;
 mod service;
 mod stats;
 mod store;
@@ -30,7 +31,6 @@ pub use faults::Faults;
 pub use stats::StatsSnapshot;
 
 use crate::proto::control::storage_control_server::StorageControlServer;
-use crate::proto::storage::storage_server::StorageServer;
 use anyhow::Context;
 use faults::FaultState;
 use stats::Stats;
@@ -135,9 +135,7 @@ impl Service {
             .initial_connection_window_size(CONNECTION_WINDOW)
             .max_frame_size(1024 * 1024 - 1)
             .add_service(InterceptedService::new(
-                StorageServer::new(self.clone())
-                    .max_decoding_message_size(MAX_MESSAGE)
-                    .max_encoding_message_size(MAX_MESSAGE),
+                read_wire::StorageRoutes::new(self.clone(), MAX_MESSAGE),
                 check.clone(),
             ))
             .add_service(InterceptedService::new(

@@ -1,10 +1,10 @@
 //! A `BidiReadObject` call on the bare HTTP/2 stream: requests are framed as gRPC messages,
 //! and responses are decoded straight out of the received HTTP/2 DATA frames. tonic's
-//! `Streaming` first copies every frame into a buffer of its own; here a message that arrives
-//! whole in one frame (the server may send frames up to our `max_frame_size`) is decoded in
-//! place, so its payload reaches the FUSE reply as a slice of the bytes read off the socket.
-//! A message split over frames is gathered with one copy, as tonic would. Touches only the
-//! call it opens.
+//! `Streaming` first copies every frame into a buffer of its own; here a payload that lies
+//! within one frame (a server may send it in a frame of its own, or its whole message in one
+//! frame of up to our `max_frame_size`) is decoded in place, so it reaches the FUSE reply as
+//! a slice of the bytes read off the socket. Only a field that straddles frames is copied, as
+//! tonic would. Touches only the call it opens.
 
 use super::auth::AuthChannel;
 use super::{routing, MAX_MESSAGE_BYTES};
@@ -147,8 +147,13 @@ impl Responses {
             return Ok(None);
         }
         self.advance(PREFIX);
-        let body = self.take(len);
-        BidiReadObjectResponse::decode(body)
+        self.buffered -= len;
+        let body = InFrames {
+            frames: &mut self.frames,
+            left: len,
+        };
+        let decoded = BidiReadObjectResponse::decode(body);
+        decoded
             .map(Some)
             .map_err(|e| Status::internal(format!("undecodable response: {e}")))
     }
@@ -167,43 +172,68 @@ impl Responses {
     }
 
     /// Drops the first `n` buffered bytes.
-    fn advance(&mut self, mut n: usize) {
+    fn advance(&mut self, n: usize) {
         self.buffered -= n;
-        while n > 0 {
-            let Some(front) = self.frames.front_mut() else {
-                return;
-            };
-            if front.len() > n {
-                front.advance(n);
-                return;
-            }
-            n -= front.len();
-            self.frames.pop_front();
+        drop_front(&mut self.frames, n);
+    }
+}
+
+/// Drops the first `n` bytes of `frames`.
+fn drop_front(frames: &mut VecDeque<Bytes>, mut n: usize) {
+    while n > 0 {
+        let Some(front) = frames.front_mut() else {
+            return;
+        };
+        if front.len() > n {
+            front.advance(n);
+            return;
+        }
+        n -= front.len();
+        frames.pop_front();
+    }
+}
+
+/// One message's bytes as they lie in the received frames, read in place: a `bytes` field
+/// that lies within one frame (a payload the server sent in a frame of its own, or with its
+/// message in one frame) comes out as a slice of it; one that straddles frames is copied.
+struct InFrames<'a> {
+    frames: &'a mut VecDeque<Bytes>,
+    left: usize,
+}
+
+impl Buf for InFrames<'_> {
+    fn remaining(&self) -> usize {
+        self.left
+    }
+
+    fn chunk(&self) -> &[u8] {
+        match self.frames.front() {
+            Some(f) => &f[..f.len().min(self.left)],
+            None => &[],
         }
     }
 
-    /// The next `n` buffered bytes: a slice of the frame when one holds them all, else a copy.
-    fn take(&mut self, n: usize) -> Bytes {
-        if let Some(front) = self.frames.front_mut() {
-            if front.len() >= n {
-                self.buffered -= n;
-                let out = front.split_to(n);
+    fn advance(&mut self, n: usize) {
+        self.left -= n;
+        drop_front(self.frames, n);
+    }
+
+    fn copy_to_bytes(&mut self, len: usize) -> Bytes {
+        match self.frames.front_mut() {
+            Some(front) if front.len() >= len && self.left >= len => {
+                self.left -= len;
+                let out = front.split_to(len);
                 if front.is_empty() {
                     self.frames.pop_front();
                 }
-                return out;
+                out
+            }
+            _ => {
+                let mut out = BytesMut::with_capacity(len);
+                out.put((&mut *self).take(len));
+                out.freeze()
             }
         }
-        let mut out = BytesMut::with_capacity(n);
-        while out.len() < n {
-            let Some(front) = self.frames.front() else {
-                break;
-            };
-            let k = front.len().min(n - out.len());
-            out.extend_from_slice(&front[..k]);
-            self.advance(k);
-        }
-        out.freeze()
     }
 }
 
@@ -278,6 +308,31 @@ mod tests {
             .content;
         let inside = frame.as_ptr_range();
         assert!(inside.contains(&content.as_ptr()), "the payload was copied");
+    }
+
+    #[tokio::test]
+    async fn a_payload_in_a_frame_of_its_own_is_decoded_in_place() {
+        let wire = framed(&response(1, &[9u8; 4096]));
+        let at = wire.windows(4096).position(|w| w == [9u8; 4096]).unwrap();
+        let frames: VecDeque<Bytes> = [&wire[..at], &wire[at..at + 4096], &wire[at + 4096..]]
+            .into_iter()
+            .map(Bytes::copy_from_slice)
+            .collect();
+        let payload = frames[1].clone();
+        let mut r = Responses {
+            body: SyncWrapper::new(Body::empty()),
+            buffered: wire.len(),
+            frames,
+            ended: true,
+        };
+        let m = r.message().await.unwrap().unwrap();
+        let content = &m.object_data_ranges[0]
+            .checksummed_data
+            .as_ref()
+            .unwrap()
+            .content;
+        assert_eq!(content.as_ptr(), payload.as_ptr(), "the payload was copied");
+        assert_eq!(r.message().await.unwrap(), None);
     }
 
     #[tokio::test]
