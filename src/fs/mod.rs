@@ -821,6 +821,32 @@ mod tests {
         assert_eq!(emu.stats().list_calls, 1);
     }
 
+    /// Closing a file that wrote drops its own directory's cached listing (it holds an old
+    /// size) and no other: a lookup in another directory is still answered without a call.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn closing_a_written_file_drops_only_its_directory_listing() {
+        let x = Bytes::from_static(b"x");
+        let (emu, cfg) = test_emulator(&[("d1/a", x.clone()), ("d2/b", x)], 0).await;
+        let fs = Fs::new(Client::connect(&cfg.gcs).await.expect("client"), "b", &cfg);
+        let d1 = fs.lookup(inode::ROOT_INO, "d1").await.expect("d1").attr.ino;
+        let d2 = fs.lookup(inode::ROOT_INO, "d2").await.expect("d2").attr.ino;
+        let (_, opened) = fs.create(d1, "new", libc::O_WRONLY).await.expect("create");
+        // Listed after the create, as a reader would while the file grows.
+        fs.lookup(d1, "a").await.expect("a");
+        fs.lookup(d2, "b").await.expect("b");
+        fs.write(opened.fh, 0, Bytes::from_static(b"hello"))
+            .await
+            .expect("write");
+        fs.flush(opened.fh).await.expect("flush");
+        fs.release_write(opened.fh).await;
+        let lists = emu.stats().list_calls;
+        fs.lookup(d2, "b").await.expect("b");
+        assert_eq!(emu.stats().list_calls, lists, "d2's listing was dropped");
+        let new = fs.lookup(d1, "new").await.expect("new");
+        assert_eq!(new.attr.size, 5);
+        assert_eq!(emu.stats().list_calls, lists + 1, "d1's listing was kept");
+    }
+
     /// In a directory too large to list, a lookup costs one ListObjects call: it finds a
     /// file, a folder (which wins over an object of the same name), an empty folder and a
     /// missing name. Only a name crowded by others sorting before its folder costs two more.

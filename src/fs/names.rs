@@ -33,6 +33,11 @@ pub fn file_key(dir: &str, name: &str) -> String {
     format!("{dir}{name}")
 }
 
+/// The directory key (empty or ending in `/`) of the directory holding object `key`.
+pub fn parent_dir(key: &str) -> &str {
+    key.rfind('/').map_or("", |i| &key[..=i])
+}
+
 /// The directory key (prefix, ending in `/`) of subdirectory `name` inside directory key `dir`.
 pub fn dir_key(dir: &str, name: &str) -> String {
     format!("{dir}{name}/")

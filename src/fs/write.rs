@@ -509,11 +509,10 @@ impl Writes {
     }
 
     /// Handle `fh` is closed; the last writing handle of an inode ends its stream (and
-    /// finalizes the object with `write.finalize_on_close`). Says whether `fh` was a writer.
-    pub async fn release(&self, fh: u64) -> bool {
-        let Some(fw) = lock(&self.by_fh).remove(&fh) else {
-            return false;
-        };
+    /// finalizes the object with `write.finalize_on_close`). The inode `fh` wrote, if it was
+    /// a writer.
+    pub async fn release(&self, fh: u64) -> Option<Arc<Inode>> {
+        let fw = lock(&self.by_fh).remove(&fh)?;
         let last = {
             let mut by_ino = lock(&self.by_ino);
             match by_ino.get_mut(&fw.inode.ino) {
@@ -529,7 +528,7 @@ impl Writes {
             }
         };
         if !last {
-            return true;
+            return Some(fw.inode.clone());
         }
         let state = std::mem::replace(&mut *fw.state.lock().await, State::Done);
         let (w, held) = match state {
@@ -539,9 +538,9 @@ impl Writes {
                 if s.dirty {
                     let _ = self.upload(&fw, &mut s).await;
                 }
-                return true;
+                return Some(fw.inode.clone());
             }
-            _ => return true,
+            _ => return Some(fw.inode.clone()),
         };
         let key = &*fw.inode.key();
         let w = *w;
@@ -557,7 +556,7 @@ impl Writes {
                 log_err("close", key, &e);
             }
         }
-        true
+        Some(fw.inode.clone())
     }
 }
 

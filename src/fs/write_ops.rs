@@ -3,7 +3,7 @@
 //! this file only ties it to inodes, handles and the metadata caches.
 
 use super::error::{log_err, Errno, FsResult};
-use super::inode::{Kind, ObjMeta};
+use super::inode::{Inode, Kind, ObjMeta};
 use super::{lock, names, Attr, Entry, Fs, Opened};
 use bytes::Bytes;
 use std::sync::atomic::Ordering;
@@ -114,6 +114,13 @@ impl Fs {
         self.inner.writes.write(fh, offset, data).await
     }
 
+    /// File `inode` changed size: its directory's cached listing no longer says so.
+    fn listing_changed(&self, inode: &Inode) {
+        if let Some(c) = &self.inner.listings {
+            c.invalidate(names::parent_dir(&inode.key()));
+        }
+    }
+
     /// `close(2)` and `fsync(2)`: returns once the service persisted every byte written.
     pub async fn flush(&self, fh: u64) -> FsResult<()> {
         self.inner.writes.flush(fh).await
@@ -122,10 +129,9 @@ impl Fs {
     /// Ends handle `fh`: its read side at once, its write stream when it was the last.
     pub async fn release_write(&self, fh: u64) {
         self.release(fh);
-        let wrote = self.inner.writes.release(fh).await;
-        // Listings taken while the file grew hold an old size.
-        if let (true, Some(c)) = (wrote, &self.inner.listings) {
-            c.invalidate_all();
+        // The listing of the file's directory, taken while it grew, holds an old size.
+        if let Some(inode) = self.inner.writes.release(fh).await {
+            self.listing_changed(&inode);
         }
     }
 
@@ -187,9 +193,7 @@ impl Fs {
         }
         .await;
         writes.release(fh).await;
-        if let Some(c) = &self.inner.listings {
-            c.invalidate_all();
-        }
+        self.listing_changed(&inode);
         resized
     }
 
