@@ -162,5 +162,5 @@ fn sigterm_during_a_write_keeps_every_acknowledged_byte() {
 
 /// A write that took only part of a chunk ends the stream (the next one would not append).
 fn n_written_is_partial(acked: usize) -> bool {
-    acked % MIB != 0
+    !acked.is_multiple_of(MIB)
 }

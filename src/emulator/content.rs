@@ -64,7 +64,7 @@ impl Segments {
         let seg = &self.segs[i];
         let from = (offset - self.starts[i]) as usize;
         let piece_end = seg.len().min(from + CRC_PIECE);
-        if from % CRC_PIECE == 0 && from + max >= piece_end {
+        if from.is_multiple_of(CRC_PIECE) && from + max >= piece_end {
             return (seg.slice(from..piece_end), self.crcs[i][from / CRC_PIECE]);
         }
         let data = seg.slice(from..seg.len().min(from + max));

@@ -76,7 +76,7 @@ impl FaultState {
     /// Counts one call; true when this one must fail with UNAVAILABLE.
     pub fn call_fails(&self) -> bool {
         let n = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
-        matches!(self.get().unavailable_every, Some(k) if k > 0 && n % k == 0)
+        matches!(self.get().unavailable_every, Some(k) if k > 0 && n.is_multiple_of(k))
     }
 
     /// Counts one bidi stream open; returns a fresh routing token when this one must be
@@ -89,7 +89,7 @@ impl FaultState {
                 return None;
             }
         }
-        if k == 0 || n % k != 0 {
+        if k == 0 || !n.is_multiple_of(k) {
             return None;
         }
         let token = format!("rt-{:016x}", rand::rng().random::<u64>());

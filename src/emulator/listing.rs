@@ -22,7 +22,7 @@ fn token(resume_at: &str) -> String {
 /// The name a page token resumes at.
 fn parse_token(token: &str) -> Result<String, Status> {
     let bad = || Status::invalid_argument(format!("invalid page_token {token:?}"));
-    if token.len() % 2 != 0 {
+    if !token.len().is_multiple_of(2) {
         return Err(bad());
     }
     let bytes = (0..token.len())
