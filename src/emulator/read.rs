@@ -15,10 +15,11 @@ use crate::proto::storage::{
     BidiReadHandle, BidiReadObjectError, BidiReadObjectRedirectedError, BidiReadObjectRequest,
     BidiReadObjectResponse, ChecksummedData, ObjectRangeData, ReadRange, ReadRangeError,
 };
+use futures::{Stream, StreamExt};
 use rand::Rng;
 use std::collections::VecDeque;
+use std::pin::Pin;
 use std::sync::Arc;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Request, Response, Status, Streaming};
 
 /// At most this many ranges in one request message.
@@ -27,7 +28,8 @@ const MAX_RANGES_PER_MESSAGE: usize = 100;
 const READ_HANDLE_TAG: &str = "rh1";
 
 /// The response stream type.
-pub(crate) type ReadStream = ReceiverStream<Result<BidiReadObjectResponse, Status>>;
+pub(crate) type ReadStream =
+    Pin<Box<dyn Stream<Item = Result<BidiReadObjectResponse, Status>> + Send>>;
 
 /// One outstanding range.
 struct Range {
@@ -132,8 +134,13 @@ impl Service {
             cut: faults.cut_read_after_bytes,
             chaos: faults.chaos,
         };
-        tokio::spawn(session.run(first, incoming));
-        Ok(Response::new(stream))
+        // The session runs inside the response stream, polled by whoever sends the responses:
+        // no task of its own, and a response queued wakes nobody but that poller.
+        let session = futures::stream::once(session.run(first, incoming))
+            .filter_map(|()| std::future::ready(None));
+        Ok(Response::new(Box::pin(futures::stream::select(
+            stream, session,
+        ))))
     }
 }
 
@@ -150,6 +157,14 @@ struct Session {
     sent: u64,
     cut: Option<u64>,
     chaos: bool,
+}
+
+impl Drop for Session {
+    /// Counted here: a session also ends when its response stream is dropped (the client
+    /// reset the call) while it waits.
+    fn drop(&mut self) {
+        add(&self.stats.read_streams_ended, 1);
+    }
 }
 
 /// Why a session stops.
@@ -172,7 +187,6 @@ impl Session {
                 self.out.send(Err(status)).await;
             }
         }
-        add(&self.stats.read_streams_ended, 1);
     }
 
     /// Sends the metadata on its own if no chunk carried it yet; false once the client is gone.
