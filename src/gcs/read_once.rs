@@ -5,10 +5,10 @@
 //! bad chunk) is returned, and the caller falls back to a `BidiReader`, which handles them.
 //! Every chunk passes the same checks as on a `BidiReader` (CRC32C, offset, bounds).
 
-use super::ranges::{BadChunk, RangeTable};
+use super::ranges::{joined, BadChunk, RangeTable};
 use super::{bucket_path, object_url, read_stream, retry, Client, Error, Result};
 use crate::proto::storage::{BidiReadObjectRequest, BidiReadObjectSpec, ReadRange};
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
@@ -98,15 +98,6 @@ impl Client {
                 offset + len
             )));
         }
-        Ok(match parts.len() {
-            1 => parts.pop().unwrap_or_default(),
-            _ => {
-                let mut whole = BytesMut::with_capacity(got);
-                for p in parts {
-                    whole.extend_from_slice(&p);
-                }
-                whole.freeze()
-            }
-        })
+        Ok(joined(parts, got))
     }
 }

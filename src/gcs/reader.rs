@@ -8,14 +8,14 @@
 //! only for the unfinished remainder of every range; after the retry deadline passes without
 //! progress, every caller gets `Error::Unavailable`. Touches only its own stream.
 
-use super::ranges::{BadChunk, RangeTable, Sink};
+use super::ranges::{joined, BadChunk, RangeTable, Sink};
 use super::retry::{self, Backoff};
 use super::{bucket_path, object_url, read_stream, Client, Error, ObjectMeta, Result};
 use crate::proto::storage::{
     BidiReadHandle, BidiReadObjectRedirectedError, BidiReadObjectRequest, BidiReadObjectResponse,
     BidiReadObjectSpec, ReadRange,
 };
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures::Stream;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -267,17 +267,10 @@ impl PendingRead {
         if got != self.len {
             return Err(self.shared.short(self.offset, self.len, got));
         }
-        Ok(match chunks.len() {
+        Ok(match chunks.as_slice() {
             // A small slice of a large receive buffer would pin all of it in a cache.
-            1 if self.len < OWN_COPY_BELOW => Bytes::copy_from_slice(&chunks[0]),
-            1 => chunks.pop().unwrap_or_default(),
-            _ => {
-                let mut buf = BytesMut::with_capacity(self.len as usize);
-                for c in chunks {
-                    buf.extend_from_slice(&c);
-                }
-                buf.freeze()
-            }
+            [one] if self.len < OWN_COPY_BELOW => Bytes::copy_from_slice(one),
+            _ => joined(chunks, self.len as usize),
         })
     }
 }
