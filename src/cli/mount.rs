@@ -171,8 +171,14 @@ fn target(args: &MountArgs) -> anyhow::Result<Target> {
     if let Some(sock) = &args.fuse_fd_socket {
         let conn = std::os::unix::net::UnixStream::connect(sock)
             .map_err(|e| anyhow!("--fuse-fd-socket {}: {e}", sock.display()))?;
-        let fd = crate::fuse::receive_fd(&conn)
-            .map_err(|e| anyhow!("--fuse-fd-socket {}: {e}", sock.display()))?;
+        // The whole message is read so the sender sees it taken; its words (the GKE node
+        // server's JSON of bucket and options) do not override this command line.
+        let (_message, fd) = crate::fuse::receive_message(
+            &conn,
+            crate::fuse::MESSAGE_LIMIT,
+            crate::fuse::MESSAGE_QUIET,
+        )
+        .map_err(|e| anyhow!("--fuse-fd-socket {}: {e}", sock.display()))?;
         check_fuse_fd(fd.as_raw_fd(), &sock.display().to_string())?;
         return Ok(Target::Fd(fd));
     }
@@ -191,7 +197,7 @@ fn target(args: &MountArgs) -> anyhow::Result<Target> {
 }
 
 /// `fd` must be an open /dev/fuse (character device 10:229).
-fn check_fuse_fd(fd: RawFd, what: &str) -> anyhow::Result<()> {
+pub(super) fn check_fuse_fd(fd: RawFd, what: &str) -> anyhow::Result<()> {
     // SAFETY: stat is plain data filled by fstat.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: fstat only writes into `st`; a closed descriptor is an error, not UB.
@@ -495,7 +501,7 @@ fn start_control(
 /// 1-2 MiB that every chunk of a large read passes through are left to glibc's adaptive mmap
 /// threshold, which keeps them in the heap and reuses them: forced into fresh mappings they
 /// were faulted in page by page and unmapped again, a third of a sequential read's CPU.
-fn tune_allocator() {
+pub(super) fn tune_allocator() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only changes allocator parameters; called before any thread exists.
     unsafe {
@@ -517,10 +523,39 @@ async fn start_emulator(dir: &Path) -> anyhow::Result<Emulator> {
         .map_err(|e| anyhow!("cannot start the emulator over {}: {e:#}", dir.display()))
 }
 
+/// Why [`connect`] failed, kept apart for callers that classify failures (the GKE sidecar's
+/// error file).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum ConnectError {
+    /// The bucket does not exist.
+    #[error("bucket '{bucket}' not found at {endpoint}")]
+    NoBucket { bucket: String, endpoint: String },
+    /// The credentials may not use the bucket.
+    #[error("cannot use bucket '{bucket}' at {endpoint}: {source}")]
+    Denied {
+        bucket: String,
+        endpoint: String,
+        source: gcs::Error,
+    },
+    /// Any other answer.
+    #[error("cannot use bucket '{bucket}' at {endpoint}: {source}")]
+    Failed {
+        bucket: String,
+        endpoint: String,
+        source: gcs::Error,
+    },
+    /// No answer in time.
+    #[error("cannot reach {endpoint}: no answer within {ms} ms")]
+    Unreachable { endpoint: String, ms: u128 },
+}
+
 /// Connects, checks that the bucket answers and runs the zonal check, within
 /// `fs.mount_timeout_ms`.
-async fn connect(bucket: &str, cfg: &Config) -> anyhow::Result<(Fs, crate::zonal::Verdict)> {
-    let endpoint = &cfg.gcs.endpoint;
+pub(super) async fn connect(
+    bucket: &str,
+    cfg: &Config,
+) -> Result<(Fs, crate::zonal::Verdict), ConnectError> {
+    let endpoint = cfg.gcs.endpoint.clone();
     let deadline = Duration::from_millis(cfg.fs.mount_timeout_ms);
     let attempt = async {
         let client = Client::connect(&cfg.gcs).await?;
@@ -529,14 +564,24 @@ async fn connect(bucket: &str, cfg: &Config) -> anyhow::Result<(Fs, crate::zonal
         let zonal = crate::zonal::check(&client, bucket, &cfg.zonal).await;
         Ok::<_, gcs::Error>((fs, zonal.verdict))
     };
+    let bucket = bucket.to_string();
     match tokio::time::timeout(deadline, attempt).await {
         Ok(Ok(found)) => Ok(found),
-        Ok(Err(gcs::Error::NotFound(_))) => bail!("bucket '{bucket}' not found at {endpoint}"),
-        Ok(Err(e)) => bail!("cannot use bucket '{bucket}' at {endpoint}: {e}"),
-        Err(_) => bail!(
-            "cannot reach {endpoint}: no answer within {} ms",
-            deadline.as_millis()
-        ),
+        Ok(Err(gcs::Error::NotFound(_))) => Err(ConnectError::NoBucket { bucket, endpoint }),
+        Ok(Err(source @ gcs::Error::PermissionDenied(_))) => Err(ConnectError::Denied {
+            bucket,
+            endpoint,
+            source,
+        }),
+        Ok(Err(source)) => Err(ConnectError::Failed {
+            bucket,
+            endpoint,
+            source,
+        }),
+        Err(_) => Err(ConnectError::Unreachable {
+            endpoint,
+            ms: deadline.as_millis(),
+        }),
     }
 }
 

@@ -23,6 +23,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 use tokio::runtime::Handle;
 
+mod fusermount;
+
+pub use fusermount::{receive_fd, receive_message, MESSAGE_LIMIT, MESSAGE_QUIET};
+
 /// Largest read and write request negotiated with the kernel.
 const MAX_IO: u32 = 1024 * 1024;
 /// Background requests (read-ahead among them) the kernel may keep outstanding, per core:
@@ -337,134 +341,6 @@ impl Drop for Mounted {
         if let Err(e) = self.finish() {
             tracing::warn!(error = %e, "unmount failed");
         }
-    }
-}
-
-/// Mounting and unmounting through `fusermount3`, for users who may not mount themselves.
-mod fusermount {
-    use fuser::MountOption;
-    use std::io;
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-    use std::os::unix::net::UnixStream;
-    use std::path::Path;
-    use std::process::Command;
-
-    fn option_string(o: &MountOption) -> String {
-        match o {
-            MountOption::FSName(n) => format!("fsname={n}"),
-            MountOption::Subtype(t) => format!("subtype={t}"),
-            MountOption::CUSTOM(c) => c.clone(),
-            MountOption::AutoUnmount => "auto_unmount".into(),
-            MountOption::DefaultPermissions => "default_permissions".into(),
-            MountOption::Dev => "dev".into(),
-            MountOption::NoDev => "nodev".into(),
-            MountOption::Suid => "suid".into(),
-            MountOption::NoSuid => "nosuid".into(),
-            MountOption::RO => "ro".into(),
-            MountOption::RW => "rw".into(),
-            MountOption::Exec => "exec".into(),
-            MountOption::NoExec => "noexec".into(),
-            MountOption::Atime => "atime".into(),
-            MountOption::NoAtime => "noatime".into(),
-            MountOption::DirSync => "dirsync".into(),
-            MountOption::Sync => "sync".into(),
-            MountOption::Async => "async".into(),
-        }
-    }
-
-    /// Runs `fusermount3 -o OPTIONS -- MOUNTPOINT` and receives the /dev/fuse descriptor it
-    /// passes back over a socket (the `_FUSE_COMMFD` protocol).
-    pub(super) fn mount(mountpoint: &Path, config: &fuser::Config) -> io::Result<OwnedFd> {
-        let mut opts: Vec<String> = config.mount_options.iter().map(option_string).collect();
-        if config.acl != fuser::SessionACL::Owner {
-            opts.push("allow_other".into());
-        }
-        let (ours, theirs) = UnixStream::pair()?;
-        // The helper must inherit its end: a dup carries no close-on-exec flag.
-        // SAFETY: dup of a descriptor we own; the copy is closed below.
-        let inherited = unsafe { libc::dup(theirs.as_raw_fd()) };
-        if inherited < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `inherited` was just created and is owned by nothing else.
-        let inherited = unsafe { OwnedFd::from_raw_fd(inherited) };
-        let out = Command::new("fusermount3")
-            .arg("-o")
-            .arg(opts.join(","))
-            .arg("--")
-            .arg(mountpoint)
-            .env("_FUSE_COMMFD", inherited.as_raw_fd().to_string())
-            .output()
-            .map_err(|e| io::Error::new(e.kind(), format!("cannot run fusermount3: {e}")))?;
-        drop(inherited);
-        drop(theirs);
-        if !out.status.success() {
-            let msg = String::from_utf8_lossy(&out.stderr);
-            return Err(io::Error::other(format!(
-                "fusermount3 failed: {}",
-                msg.trim().replace('\n', " ")
-            )));
-        }
-        super::receive_fd(&ours)
-    }
-
-    /// `fusermount3 -u MOUNTPOINT` (with `-z`: detach lazily).
-    pub(super) fn unmount(mountpoint: &Path, lazy: bool) -> io::Result<()> {
-        let out = Command::new("fusermount3")
-            .arg("-u")
-            .args(lazy.then_some("-z"))
-            .arg("--")
-            .arg(mountpoint)
-            .output()?;
-        if out.status.success() {
-            return Ok(());
-        }
-        let msg = String::from_utf8_lossy(&out.stderr);
-        // Already unmounted from outside: nothing left to do.
-        if msg.contains("not found") || msg.contains("not mounted") {
-            return Ok(());
-        }
-        Err(io::Error::other(format!(
-            "fusermount3 -u failed: {}",
-            msg.trim()
-        )))
-    }
-}
-
-/// Receives one descriptor sent with SCM_RIGHTS over `sock` (how fusermount3 and the GKE
-/// CSI driver hand over a mounted `/dev/fuse`).
-pub fn receive_fd(sock: &std::os::unix::net::UnixStream) -> std::io::Result<OwnedFd> {
-    use std::io;
-    use std::os::fd::{AsRawFd, FromRawFd};
-    let mut byte = [0u8; 1];
-    let mut iov = libc::iovec {
-        iov_base: byte.as_mut_ptr().cast(),
-        iov_len: 1,
-    };
-    // u64 words keep the control buffer aligned for cmsghdr.
-    let mut control = [0u64; 8];
-    // SAFETY: msghdr is plain data; every pointer set below outlives the recvmsg call.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(&control) as _;
-    // SAFETY: a valid socket and a message whose buffers we own.
-    let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the CMSG macros walk the control buffer recvmsg filled and bounded.
-    unsafe {
-        let cmsg = libc::CMSG_FIRSTHDR(&msg);
-        if cmsg.is_null()
-            || (*cmsg).cmsg_level != libc::SOL_SOCKET
-            || (*cmsg).cmsg_type != libc::SCM_RIGHTS
-        {
-            return Err(io::Error::other("no descriptor was passed over the socket"));
-        }
-        let fd = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg) as *const libc::c_int);
-        Ok(OwnedFd::from_raw_fd(fd))
     }
 }
 
