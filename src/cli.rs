@@ -5,6 +5,8 @@ mod access;
 mod check;
 mod emulator;
 mod finalize;
+mod gke_options;
+mod gke_sidecar;
 mod mount;
 mod mount_helper;
 mod mounts;
@@ -45,6 +47,8 @@ pub enum Command {
     Finalize(finalize::FinalizeArgs),
     /// Load files or directories of a mounted bucket into the mount's cache (warm-up).
     Prefetch(prefetch::PrefetchArgs),
+    /// Serve the volumes that GKE's Cloud Storage FUSE CSI driver hands to its sidecar (the image's entrypoint).
+    GkeSidecar(gke_sidecar::GkeSidecarArgs),
 }
 
 /// Entry point of the binary: never panics on bad input, always one line per error.
@@ -70,6 +74,7 @@ pub fn main() -> ExitCode {
         }
         Command::Finalize(args) => finalize::run_finalize(args, cli.log_level, cli.log_format),
         Command::Prefetch(args) => prefetch::run(args),
+        Command::GkeSidecar(args) => gke_sidecar::run(args, cli.log_level),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -158,8 +163,17 @@ pub fn one_line(e: &anyhow::Error) -> String {
     format!("{e:#}").replace('\n', " ")
 }
 
-/// Starts tracing: the explicit level, else `RUST_LOG`, else the config's level.
+/// Starts tracing on stderr: the explicit level, else `RUST_LOG`, else the config's level.
 pub fn init_logging(level: &str, format: LogFormat) {
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    init_logging_to(level, format, ansi, std::io::stderr);
+}
+
+/// Starts tracing, writing each line with `writer`.
+fn init_logging_to<W>(level: &str, format: LogFormat, ansi: bool, writer: W)
+where
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
     use tracing_subscriber::EnvFilter;
     let filter = std::env::var("RUST_LOG")
         .ok()
@@ -170,8 +184,8 @@ pub fn init_logging(level: &str, format: LogFormat) {
         .unwrap_or_else(|| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
+        .with_ansi(ansi)
+        .with_writer(writer);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),

@@ -4,8 +4,9 @@
 //! Recording is a few atomic operations: cheap enough for the read path.
 
 use metrics::{counter, gauge, histogram, Counter, Histogram};
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -22,6 +23,68 @@ pub fn serve(addr: SocketAddr) -> anyhow::Result<()> {
         .with_http_listener(addr)
         .install()
         .map_err(|e| anyhow::anyhow!("cannot serve metrics on {addr}: {e}"))
+}
+
+/// Installs the global recorder with no listener of its own, for callers that serve the text
+/// themselves ([`serve_unix`]). Must run inside a tokio runtime.
+pub fn install() -> anyhow::Result<PrometheusHandle> {
+    let handle = builder()
+        .install_recorder()
+        .map_err(|e| anyhow::anyhow!("cannot install the metrics recorder: {e}"))?;
+    // Without a listener of the exporter's own, nothing else drains the histograms.
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            tick.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
+    Ok(handle)
+}
+
+/// Serves `GET /metrics` (Prometheus text from `handle`) over HTTP/1.1 on a unix socket at
+/// `path`, replacing a stale socket file there: how the GKE CSI driver's node server scrapes a
+/// sidecar. Must run inside a tokio runtime; serves as long as it lives.
+pub fn serve_unix(path: &Path, handle: PrometheusHandle) -> anyhow::Result<()> {
+    use http_body_util::Full;
+    use hyper::{body::Incoming, Request, Response, StatusCode};
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            anyhow::bail!("cannot replace {}: {e}", path.display())
+        }
+        _ => {}
+    }
+    let listener = tokio::net::UnixListener::bind(path)
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", path.display()))?;
+    tokio::spawn(async move {
+        loop {
+            let stream = match listener.accept().await {
+                Ok((stream, _)) => stream,
+                // Out of descriptors, say: pause rather than spin, and keep serving.
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let handle = handle.clone();
+            let answer = move |req: Request<Incoming>| {
+                let response = if req.uri().path() == "/metrics" {
+                    Response::new(Full::new(bytes::Bytes::from(handle.render())))
+                } else {
+                    let mut r = Response::new(Full::new(bytes::Bytes::from_static(b"not found\n")));
+                    *r.status_mut() = StatusCode::NOT_FOUND;
+                    r
+                };
+                async move { Ok::<_, std::convert::Infallible>(response) }
+            };
+            tokio::spawn(hyper::server::conn::http1::Builder::new().serve_connection(
+                hyper_util::rt::TokioIo::new(stream),
+                hyper::service::service_fn(answer),
+            ));
+        }
+    });
+    Ok(())
 }
 
 /// The recorder's configuration (latency buckets); `serve` installs what it builds.
