@@ -125,6 +125,15 @@ fn kubernetes_rapidfs_args_parse_with_the_cli() {
             if l.trim() != "args:" {
                 continue;
             }
+            // The image's entrypoint is `rapidfs gke-sidecar`: a container that runs another
+            // subcommand must name the binary as its command.
+            assert!(
+                lines[i.saturating_sub(6)..i]
+                    .iter()
+                    .any(|l| l.trim() == r#"command: ["/usr/local/bin/rapidfs"]"#),
+                "{}: an args list without command: [\"/usr/local/bin/rapidfs\"]",
+                file.display()
+            );
             let mut argv = vec!["rapidfs".to_string()];
             for arg in lines[i + 1..]
                 .iter()
@@ -137,4 +146,105 @@ fn kubernetes_rapidfs_args_parse_with_the_cli() {
             }
         }
     }
+}
+
+/// The image's filesystem as `docker/rootfs.sh` lays it out (the Dockerfile's last stage).
+fn image_rootfs() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new("sh")
+        .arg(repo().join("docker/rootfs.sh"))
+        .arg(env!("CARGO_BIN_EXE_rapidfs"))
+        .arg(dir.path())
+        .output()
+        .expect("sh runs");
+    assert!(
+        out.status.success(),
+        "rootfs.sh: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    dir
+}
+
+/// Runs the image's rapidfs inside `root` as uid/gid 65534, with nothing but what the image holds.
+fn in_image(root: &Path, args: &[&str]) -> std::process::Output {
+    Command::new("chroot")
+        .arg("--userspec=65534:65534")
+        .arg(root)
+        .arg("/usr/local/bin/rapidfs")
+        .args(args)
+        .output()
+        .expect("chroot runs (tests run as root)")
+}
+
+#[test]
+fn the_image_layout_runs_rapidfs_as_65534_with_nothing_else() {
+    let root = image_rootfs();
+    let out = in_image(root.path(), &["--version"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("rapidfs "));
+    let out = in_image(root.path(), &["gke-sidecar", "--help"]);
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && help.contains("RAPIDFS_GKE_TMP"),
+        "{help}"
+    );
+    assert!(
+        root.path()
+            .join("etc/ssl/certs/ca-certificates.crt")
+            .is_file(),
+        "CA certificates for https endpoints"
+    );
+    // The check can fail: without its C library the binary does not start.
+    let libc = std::fs::read_dir(root.path().join("lib/x86_64-linux-gnu"))
+        .unwrap()
+        .flatten()
+        .find(|e| e.file_name().to_string_lossy().starts_with("libc.so"))
+        .expect("libc in the image");
+    std::fs::remove_file(libc.path()).unwrap();
+    assert!(!in_image(root.path(), &["--version"]).status.success());
+}
+
+#[test]
+fn the_dockerfile_runs_the_gke_sidecar_as_65534() {
+    let text = std::fs::read_to_string(repo().join("Dockerfile")).unwrap();
+    let last_stage = text.rsplit("\nFROM ").next().unwrap();
+    assert!(last_stage.starts_with("scratch"), "a minimal runtime stage");
+    assert!(last_stage.contains("\nUSER 65534:65534\n"), "{last_stage}");
+    assert!(last_stage.contains("docker/rootfs.sh") || text.contains("docker/rootfs.sh"));
+    let entrypoint = last_stage
+        .lines()
+        .find_map(|l| l.strip_prefix("ENTRYPOINT "))
+        .expect("an ENTRYPOINT");
+    let mut argv: Vec<String> = serde_json::from_str(entrypoint).expect("exec-form ENTRYPOINT");
+    assert_eq!(
+        argv[0], "/usr/local/bin/rapidfs",
+        "the path rootfs.sh installs"
+    );
+    // The driver's webhook runs the entrypoint with these args.
+    argv.push("--v=5".to_string());
+    if let Err(e) = Cli::try_parse_from(&argv) {
+        panic!("the sidecar's command line does not parse: {argv:?}: {e}");
+    }
+}
+
+#[test]
+fn the_gke_manifest_names_only_the_image_of_the_sidecar() {
+    let text = std::fs::read_to_string(repo().join("k8s/gke-managed-csi.yaml")).unwrap();
+    let lines: Vec<&str> = text.lines().map(str::trim).collect();
+    let at = lines
+        .iter()
+        .position(|l| *l == "- name: gke-gcsfuse-sidecar")
+        .expect("a container named gke-gcsfuse-sidecar");
+    assert!(lines[at + 1].starts_with("image: "), "{}", lines[at + 1]);
+    assert!(
+        lines[at + 2].starts_with("- name: "),
+        "nothing but the image: {}",
+        lines[at + 2]
+    );
+    assert!(text.contains("gke-gcsfuse/volumes: \"true\""));
+    assert!(text.contains("driver: gcsfuse.csi.storage.gke.io"));
 }

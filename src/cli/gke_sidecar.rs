@@ -109,6 +109,9 @@ pub fn run(args: GkeSidecarArgs, log_level: Option<String>) -> anyhow::Result<()
         .unwrap_or_else(|| base.log.level.clone());
     super::init_logging_to(&level, LogFormat::Json, false, std::io::stdout);
     tracing::info!(version = env!("CARGO_PKG_VERSION"), volumes = %volumes_dir.display(), "rapidfs GKE sidecar starting");
+    if ready.is_empty() && failed.is_empty() {
+        tracing::warn!(volumes = %volumes_dir.display(), "no volume sockets found: nothing to serve");
+    }
     for (volume, why) in &failed {
         volume.fail(why);
     }
