@@ -160,7 +160,9 @@ fn fuse_fd_socket_serves_a_descriptor_received_over_a_socket() {
     let listener = UnixListener::bind(&sock_path).expect("listen");
     std::fs::set_permissions(&sock_path, std::fs::Permissions::from_mode(0o666)).expect("chmod");
     let raw = node.fuse.raw_fd();
-    let sender = std::thread::spawn(move || send_fd(&listener, raw, b"\0"));
+    // The GKE node server's message: JSON sent with the descriptor, read whole by rapidfs.
+    let message = br#"{"bucketName":"fdpass","options":["implicit-dirs","uid=65534"]}"#;
+    let sender = std::thread::spawn(move || send_fd(&listener, raw, message));
     let mut child = sidecar(&node.blocker, None, &node.notify_path)
         .args(["mount", BUCKET, "--fuse-fd-socket"])
         .arg(&sock_path)
