@@ -568,10 +568,13 @@ impl Fs {
         if let Some(staged) = self.inner.writes.read_staged(fh, offset, size).await {
             return staged;
         }
-        let handle = lock(&self.inner.files)
+        let mut handle = lock(&self.inner.files)
             .get(&fh)
             .cloned()
             .ok_or(Errno::EBADF)?;
+        if offset.saturating_add(u64::from(size)) > handle.size() {
+            handle = self.catch_up(fh, handle).await?;
+        }
         match self
             .inner
             .reads

@@ -90,6 +90,18 @@ pub struct Handle {
     seq: Mutex<Sequential>,
 }
 
+impl Handle {
+    /// The size of the version this handle reads.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Whether it was opened with `O_DIRECT`.
+    pub fn direct(&self) -> bool {
+        self.direct
+    }
+}
+
 impl ReadPath {
     /// Builds the caches from the configuration.
     pub fn new(client: Client, bucket: &str, read: &ReadConfig, cache: &CacheConfig) -> Self {

@@ -211,6 +211,12 @@ impl Writes {
         })
     }
 
+    /// The inode handle `fh` writes, and its size as written through this mount so far.
+    pub fn written(&self, fh: u64) -> Option<(Arc<Inode>, u64)> {
+        self.writer(fh)
+            .map(|fw| (fw.inode.clone(), fw.size.load(Ordering::Acquire)))
+    }
+
     /// Whether `ino` has a writer on this mount.
     pub fn is_writing(&self, ino: u64) -> bool {
         lock(&self.by_ino).contains_key(&ino)

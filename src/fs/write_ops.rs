@@ -4,7 +4,7 @@
 
 use super::error::{log_err, Errno, FsResult};
 use super::inode::{Inode, Kind, ObjMeta};
-use super::{lock, names, Attr, Entry, Fs, Opened};
+use super::{lock, names, read, Attr, Entry, Fs, Opened};
 use bytes::Bytes;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -112,6 +112,33 @@ impl Fs {
     pub async fn write(&self, fh: u64, offset: u64, data: Bytes) -> FsResult<u32> {
         self.writable()?;
         self.inner.writes.write(fh, offset, data).await
+    }
+
+    /// A read-write handle reading past the size its read side opened at may be reading its
+    /// own appends, which exist only in its write stream until persisted: they are made
+    /// durable, and the handle reads on from the size the object has now. Any other handle
+    /// keeps the version it opened.
+    pub(super) async fn catch_up(
+        &self,
+        fh: u64,
+        handle: Arc<read::Handle>,
+    ) -> FsResult<Arc<read::Handle>> {
+        let i = &self.inner;
+        let Some((inode, written)) = i.writes.written(fh) else {
+            return Ok(handle);
+        };
+        if written <= handle.size() {
+            return Ok(handle);
+        }
+        i.writes.flush(fh).await?;
+        let Some(meta) = inode.meta().0 else {
+            return Ok(handle);
+        };
+        let fresh = Arc::new(i.reads.open(&inode.key(), &meta, handle.direct()));
+        if let Some(old) = lock(&i.files).insert(fh, fresh.clone()) {
+            i.reads.release(&old);
+        }
+        Ok(fresh)
     }
 
     /// File `inode` changed size: its directory's cached listing no longer says so.
