@@ -109,6 +109,10 @@ pub struct Writes {
     /// Writer of each inode and the number of handles writing it.
     by_ino: Mutex<HashMap<u64, (Arc<FileWriter>, usize)>>,
     by_fh: Mutex<HashMap<u64, Arc<FileWriter>>>,
+    /// Set when the daemon stops: every write passes this gate, so closing it waits for the
+    /// writes in flight and refuses later ones, and flushing the writers then covers every
+    /// write the kernel was told succeeded.
+    stopped: tokio::sync::RwLock<bool>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -149,6 +153,7 @@ impl Writes {
             staging: Staging::new(cfg),
             by_ino: Mutex::new(HashMap::new()),
             by_fh: Mutex::new(HashMap::new()),
+            stopped: tokio::sync::RwLock::new(false),
         }
     }
 
@@ -227,8 +232,36 @@ impl Writes {
     }
 
     /// Writes `data` at `offset` through handle `fh`: an append at the end streams, anything
-    /// else goes to a staged copy.
+    /// else goes to a staged copy. EIO once the writes are stopped.
     pub async fn write(&self, fh: u64, offset: u64, data: Bytes) -> FsResult<u32> {
+        let stopped = self.stopped.read().await;
+        if *stopped {
+            return Err(Errno::EIO);
+        }
+        self.write_through(fh, offset, data).await
+    }
+
+    /// Refuses writes from now on (EIO), waits for those in flight, and makes every byte
+    /// written so far durable: what a stopping daemon does before it unmounts.
+    pub async fn stop(&self) {
+        *self.stopped.write().await = true;
+        self.sync_all().await;
+    }
+
+    /// Makes every byte written so far durable, writes going on.
+    pub async fn sync_all(&self) {
+        let writers: Vec<Arc<FileWriter>> = lock(&self.by_ino)
+            .values()
+            .map(|(fw, _)| fw.clone())
+            .collect();
+        for fw in writers {
+            if let Err(e) = self.flush_writer(&fw).await {
+                tracing::error!(key = %fw.inode.key(), errno = e.0, "making written bytes durable failed");
+            }
+        }
+    }
+
+    async fn write_through(&self, fh: u64, offset: u64, data: Bytes) -> FsResult<u32> {
         let fw = self.writer(fh).ok_or(Errno::EBADF)?;
         let len = u32::try_from(data.len()).map_err(|_| Errno::EINVAL)?;
         let key = fw.inode.key();

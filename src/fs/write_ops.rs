@@ -148,6 +148,18 @@ impl Fs {
         }
     }
 
+    /// Refuses writes from now on (EIO), waits for those in flight, and makes every byte
+    /// written so far durable: what a stopping daemon does before it unmounts.
+    pub async fn stop_writes(&self) {
+        self.inner.writes.stop().await;
+    }
+
+    /// Makes every byte written so far durable while writes go on (a sidecar told to stop
+    /// that must keep serving until its pod's other containers end).
+    pub async fn sync_writes(&self) {
+        self.inner.writes.sync_all().await;
+    }
+
     /// `close(2)` and `fsync(2)`: returns once the service persisted every byte written.
     pub async fn flush(&self, fh: u64) -> FsResult<()> {
         self.inner.writes.flush(fh).await

@@ -5,27 +5,27 @@
 //! lookup, an open with fresh metadata, a reading handle's release, a read of cached bytes)
 //! is answered on the FUSE thread: waking a runtime worker would cost more than the answer.
 //! A read is polled once there and moves to a task only when it has to wait. No filesystem
-//! logic lives here: only type conversions, the init negotiation and the mount options.
+//! logic lives here: only type conversions and the init negotiation; `session.rs` mounts and
+//! unmounts, `fusermount.rs` speaks fusermount3 and receives passed descriptors.
 
 use crate::fs::{Attr, Errno as FsErrno, Fs, FsResult, Kind, Opened, SetAttr};
 use fuser::{
     AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
-    INodeNo, InitFlags, KernelConfig, LockOwner, MountOption, OpenAccMode, OpenFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen,
-    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    INodeNo, InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
-use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::future::Future;
-use std::os::fd::OwnedFd;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::path::Path;
+use std::time::{Instant, SystemTime};
 use tokio::runtime::Handle;
 
 mod fusermount;
+mod session;
 
 pub use fusermount::{receive_fd, receive_message, MESSAGE_LIMIT, MESSAGE_QUIET};
+pub use session::{MountSettings, Mounted};
 
 /// Largest read and write request negotiated with the kernel.
 const MAX_IO: u32 = 1024 * 1024;
@@ -36,29 +36,10 @@ const BACKGROUND_PER_CORE: usize = 16;
 /// The least background requests allowed, however few the cores.
 const MIN_BACKGROUND: usize = 64;
 
-/// How long a stopping daemon waits for its FUSE thread after unmounting.
-const THREAD_GRACE: Duration = Duration::from_secs(2);
-
 /// The fuser adapter: the filesystem plus the runtime its requests run on.
 struct FuseAdapter {
     fs: Fs,
     rt: Handle,
-    writes: Arc<WriteGate>,
-}
-
-/// The handles that wrote, and a gate every write passes: closing it waits for the writes in
-/// flight and refuses later ones, so that flushing the handles then covers every write the
-/// kernel was told succeeded.
-#[derive(Default)]
-struct WriteGate {
-    closed: tokio::sync::RwLock<bool>,
-    handles: Mutex<HashSet<u64>>,
-}
-
-impl WriteGate {
-    fn handles(&self) -> std::sync::MutexGuard<'_, HashSet<u64>> {
-        self.handles.lock().unwrap_or_else(|p| p.into_inner())
-    }
 }
 
 /// Records one answered request in the metrics (latency, bytes moved, errno) and hands the
@@ -85,263 +66,6 @@ fn nothing<T>(_: &T) -> u64 {
 /// Records a request that cannot fail.
 fn counted(op: &'static str, start: Instant) {
     crate::metrics::fuse_op(op, start.elapsed(), 0, None);
-}
-
-/// Mount options for the kernel: always `default_permissions` (the kernel checks modes),
-/// plus read-only, `allow_other` and the user's `-o` list.
-pub struct MountSettings {
-    /// Shown as the filesystem source in `mount` and `df`.
-    pub fsname: String,
-    /// Mount with the kernel's read-only flag.
-    pub read_only: bool,
-    /// Let other users in (FUSE `allow_other`).
-    pub allow_other: bool,
-    /// Extra options, as given to `-o` (comma-separated, already split).
-    pub extra: Vec<String>,
-}
-
-/// The fuser configuration for `settings`.
-fn mount_config(settings: &MountSettings) -> fuser::Config {
-    let mut opts = vec![
-        MountOption::FSName(settings.fsname.clone()),
-        MountOption::Subtype("rapidfs".to_string()),
-        MountOption::DefaultPermissions,
-    ];
-    let mut allow_other = settings.allow_other;
-    let mut read_only = settings.read_only;
-    // Safe defaults that an explicit option (mount.fuse3 passes `dev,suid`) may turn around.
-    let (mut dev, mut suid, mut atime) = (
-        MountOption::NoDev,
-        MountOption::NoSuid,
-        MountOption::NoAtime,
-    );
-    for o in &settings.extra {
-        match o.as_str() {
-            "" | "default_permissions" => {}
-            "rw" => read_only = false,
-            "ro" => read_only = true,
-            "allow_other" => allow_other = true,
-            "dev" => dev = MountOption::Dev,
-            "nodev" => dev = MountOption::NoDev,
-            "suid" => suid = MountOption::Suid,
-            "nosuid" => suid = MountOption::NoSuid,
-            "atime" => atime = MountOption::Atime,
-            "noatime" => atime = MountOption::NoAtime,
-            "auto_unmount" => opts.push(MountOption::AutoUnmount),
-            "exec" => opts.push(MountOption::Exec),
-            "noexec" => opts.push(MountOption::NoExec),
-            "sync" => opts.push(MountOption::Sync),
-            "async" => opts.push(MountOption::Async),
-            "dirsync" => opts.push(MountOption::DirSync),
-            other => opts.push(MountOption::CUSTOM(other.to_string())),
-        }
-    }
-    opts.extend([dev, suid, atime]);
-    opts.push(if read_only {
-        MountOption::RO
-    } else {
-        MountOption::RW
-    });
-    let mut cfg = fuser::Config::default();
-    cfg.mount_options = opts;
-    if allow_other {
-        cfg.acl = fuser::SessionACL::All;
-    }
-    cfg
-}
-
-/// How a mount is undone: by fuser (mounted by the mount syscall as root), by
-/// `fusermount3 -u` (mounted through the setuid helper), or not at all (a descriptor someone
-/// else mounted: they unmount).
-enum Unmounter {
-    Session(fuser::SessionUnmounter, PathBuf),
-    Fusermount(PathBuf),
-    Nobody,
-}
-
-impl Unmounter {
-    /// Unmounts; when files are still open (EBUSY) detaches the mount lazily instead, so no
-    /// stale mount stays behind a daemon that stops. Says whether it had to detach.
-    fn unmount(&mut self) -> std::io::Result<bool> {
-        match self {
-            Unmounter::Session(u, path) => match u.unmount() {
-                Ok(()) => Ok(false),
-                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => detach(path).map(|()| true),
-                Err(e) => Err(e),
-            },
-            Unmounter::Fusermount(path) => match fusermount::unmount(path, false) {
-                Ok(()) => Ok(false),
-                Err(_) => fusermount::unmount(path, true).map(|()| true),
-            },
-            Unmounter::Nobody => Ok(false),
-        }
-    }
-}
-
-/// `umount -l`: the mount leaves the tree now; open files keep it alive until they close.
-fn detach(path: &Path) -> std::io::Result<()> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
-    // SAFETY: a valid NUL-terminated path; umount2 touches no memory of ours.
-    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
-}
-
-/// A live mount served by its own thread; unmounted when dropped.
-pub struct Mounted {
-    unmounter: Unmounter,
-    thread: Option<std::thread::JoinHandle<std::io::Result<()>>>,
-    ended: Option<tokio::sync::oneshot::Receiver<()>>,
-    fs: Fs,
-    writes: Arc<WriteGate>,
-    finished: bool,
-}
-
-impl Mounted {
-    /// Mounts `fs` on `mountpoint` and starts serving it, each request as a task on `rt`.
-    /// Returns once the kernel handshake is done: the mount is live.
-    pub fn start(
-        fs: Fs,
-        rt: Handle,
-        mountpoint: &Path,
-        settings: &MountSettings,
-    ) -> std::io::Result<Mounted> {
-        let writes = Arc::new(WriteGate::default());
-        let adapter = FuseAdapter {
-            fs: fs.clone(),
-            rt,
-            writes: writes.clone(),
-        };
-        let config = mount_config(settings);
-        // SAFETY: geteuid cannot fail and touches no memory.
-        let root = unsafe { libc::geteuid() } == 0;
-        let (session, unmounter) = if root {
-            // fuser's own mount(2) leaves the subtype to fusermount3, so the mount would show
-            // as plain `fuse`; the kernel takes it as a mount option and then shows
-            // `fuse.rapidfs`, which is how `umount -t`, `mount -a` and our commands find it.
-            let mut config = config.clone();
-            config
-                .mount_options
-                .push(MountOption::CUSTOM("subtype=rapidfs".to_string()));
-            let mut session = fuser::Session::new(adapter, mountpoint, &config)?;
-            let unmounter =
-                Unmounter::Session(session.unmount_callable(), mountpoint.to_path_buf());
-            (session, unmounter)
-        } else {
-            // fuser opens /dev/fuse itself first and gives up when it may not; an ordinary
-            // user mounts through the setuid helper, as libfuse does.
-            let fd = fusermount::mount(mountpoint, &config)?;
-            let session = fuser::Session::from_fd(adapter, fd, config.acl, config.clone())?;
-            (session, Unmounter::Fusermount(mountpoint.to_path_buf()))
-        };
-        Self::run(session, unmounter, fs, writes)
-    }
-
-    /// Serves `fd`, a `/dev/fuse` descriptor already mounted by someone else (the GKE CSI
-    /// driver, `mount.fuse3 -o drop_privileges`): no mount, no unmount, no kernel tuning.
-    /// The kernel checks access as the mounter's options say, so every request is served.
-    pub fn serve_fd(fs: Fs, rt: Handle, fd: OwnedFd) -> std::io::Result<Mounted> {
-        let writes = Arc::new(WriteGate::default());
-        let adapter = FuseAdapter {
-            fs: fs.clone(),
-            rt,
-            writes: writes.clone(),
-        };
-        let config = fuser::Config::default();
-        let session = fuser::Session::from_fd(adapter, fd, fuser::SessionACL::All, config)?;
-        Self::run(session, Unmounter::Nobody, fs, writes)
-    }
-
-    fn run(
-        session: fuser::Session<FuseAdapter>,
-        unmounter: Unmounter,
-        fs: Fs,
-        writes: Arc<WriteGate>,
-    ) -> std::io::Result<Mounted> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let thread = std::thread::Builder::new()
-            .name("fuse".to_string())
-            .spawn(move || {
-                let r = session.run();
-                let _ = tx.send(());
-                r
-            })?;
-        Ok(Mounted {
-            unmounter,
-            thread: Some(thread),
-            ended: Some(rx),
-            fs,
-            writes,
-            finished: false,
-        })
-    }
-
-    /// Refuses writes from now on (EIO), waits for those in flight, and makes every byte
-    /// written so far durable: what a stopping daemon does before it unmounts.
-    pub async fn stop_writes(&self) {
-        *self.writes.closed.write().await = true;
-        let handles: Vec<u64> = self.writes.handles().iter().copied().collect();
-        for fh in handles {
-            if let Err(e) = self.fs.flush(fh).await {
-                tracing::error!(fh, errno = e.0, "flushing an open file at shutdown failed");
-            }
-        }
-    }
-
-    /// Resolves when the session ends (unmounted from outside, e.g. `fusermount3 -u`).
-    /// Only the first call gets a live receiver.
-    pub fn ended(&mut self) -> tokio::sync::oneshot::Receiver<()> {
-        self.ended
-            .take()
-            .unwrap_or_else(|| tokio::sync::oneshot::channel().1)
-    }
-
-    /// Unmounts (if still mounted) and waits for the serving thread to finish.
-    pub fn unmount(mut self) -> std::io::Result<()> {
-        self.finish()
-    }
-
-    /// Unmounts, then waits a little for the serving thread: a lazily detached mount (files
-    /// still open) or a descriptor mounted by someone else keeps it busy, and a stopping
-    /// process need not wait for that.
-    fn finish(&mut self) -> std::io::Result<()> {
-        if std::mem::replace(&mut self.finished, true) {
-            return Ok(());
-        }
-        let unmounted = self.unmounter.unmount();
-        if let Ok(true) = unmounted {
-            tracing::info!("files still open: mount detached lazily");
-        }
-        // A detached mount and a passed descriptor (nobody unmounts it here) keep the thread
-        // busy until their files close or the process ends: no point waiting for it.
-        let wait = if matches!(self.unmounter, Unmounter::Nobody) || matches!(unmounted, Ok(true)) {
-            Duration::ZERO
-        } else {
-            THREAD_GRACE
-        };
-        let grace = Instant::now() + wait;
-        while self.thread.as_ref().is_some_and(|t| !t.is_finished()) && Instant::now() < grace {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        let joined = match self.thread.take_if(|t| t.is_finished()).map(|t| t.join()) {
-            Some(Ok(r)) => r,
-            Some(Err(_)) => Err(std::io::Error::other("the FUSE thread panicked")),
-            None => Ok(()),
-        };
-        unmounted.map(|_| ()).and(joined)
-    }
-}
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        if let Err(e) = self.finish() {
-            tracing::warn!(error = %e, "unmount failed");
-        }
-    }
 }
 
 fn errno(e: FsErrno) -> Errno {
@@ -738,19 +462,12 @@ impl Filesystem for FuseAdapter {
         let t0 = Instant::now();
         let data = bytes::Bytes::copy_from_slice(data);
         let fs = self.fs.clone();
-        let gate = self.writes.clone();
         self.rt.spawn(async move {
-            let open = gate.closed.read().await;
-            if *open {
-                return reply.error(Errno::EIO);
-            }
-            gate.handles().insert(fh.0);
             let written = fs.write(fh.0, offset, data).await;
             match metered("write", t0, written, |n| u64::from(*n)) {
                 Ok(n) => reply.written(n),
                 Err(e) => reply.error(errno(e)),
             }
-            drop(open);
         });
     }
 
@@ -782,10 +499,8 @@ impl Filesystem for FuseAdapter {
             return reply.ok();
         }
         let fs = self.fs.clone();
-        let gate = self.writes.clone();
         self.rt.spawn(async move {
             fs.release_write(fh.0).await;
-            gate.handles().remove(&fh.0);
             counted("release", t0);
             reply.ok();
         });

@@ -1,0 +1,257 @@
+//! A mount's life: mounting (as root with the mount syscall, else through fusermount3) or
+//! taking over a descriptor someone else mounted, serving it on a thread of its own, the
+//! stop (writes made durable first), and unmounting, lazily when files are still open.
+
+use super::{fusermount, FuseAdapter};
+use crate::fs::Fs;
+use fuser::MountOption;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use tokio::runtime::Handle;
+
+/// How long a stopping daemon waits for its FUSE thread after unmounting.
+const THREAD_GRACE: Duration = Duration::from_secs(2);
+
+/// Mount options for the kernel: always `default_permissions` (the kernel checks modes),
+/// plus read-only, `allow_other` and the user's `-o` list.
+pub struct MountSettings {
+    /// Shown as the filesystem source in `mount` and `df`.
+    pub fsname: String,
+    /// Mount with the kernel's read-only flag.
+    pub read_only: bool,
+    /// Let other users in (FUSE `allow_other`).
+    pub allow_other: bool,
+    /// Extra options, as given to `-o` (comma-separated, already split).
+    pub extra: Vec<String>,
+}
+
+/// The fuser configuration for `settings`.
+fn mount_config(settings: &MountSettings) -> fuser::Config {
+    let mut opts = vec![
+        MountOption::FSName(settings.fsname.clone()),
+        MountOption::Subtype("rapidfs".to_string()),
+        MountOption::DefaultPermissions,
+    ];
+    let mut allow_other = settings.allow_other;
+    let mut read_only = settings.read_only;
+    // Safe defaults that an explicit option (mount.fuse3 passes `dev,suid`) may turn around.
+    let (mut dev, mut suid, mut atime) = (
+        MountOption::NoDev,
+        MountOption::NoSuid,
+        MountOption::NoAtime,
+    );
+    for o in &settings.extra {
+        match o.as_str() {
+            "" | "default_permissions" => {}
+            "rw" => read_only = false,
+            "ro" => read_only = true,
+            "allow_other" => allow_other = true,
+            "dev" => dev = MountOption::Dev,
+            "nodev" => dev = MountOption::NoDev,
+            "suid" => suid = MountOption::Suid,
+            "nosuid" => suid = MountOption::NoSuid,
+            "atime" => atime = MountOption::Atime,
+            "noatime" => atime = MountOption::NoAtime,
+            "auto_unmount" => opts.push(MountOption::AutoUnmount),
+            "exec" => opts.push(MountOption::Exec),
+            "noexec" => opts.push(MountOption::NoExec),
+            "sync" => opts.push(MountOption::Sync),
+            "async" => opts.push(MountOption::Async),
+            "dirsync" => opts.push(MountOption::DirSync),
+            other => opts.push(MountOption::CUSTOM(other.to_string())),
+        }
+    }
+    opts.extend([dev, suid, atime]);
+    opts.push(if read_only {
+        MountOption::RO
+    } else {
+        MountOption::RW
+    });
+    let mut cfg = fuser::Config::default();
+    cfg.mount_options = opts;
+    if allow_other {
+        cfg.acl = fuser::SessionACL::All;
+    }
+    cfg
+}
+
+/// How a mount is undone: by fuser (mounted by the mount syscall as root), by
+/// `fusermount3 -u` (mounted through the setuid helper), or not at all (a descriptor someone
+/// else mounted: they unmount).
+enum Unmounter {
+    Session(fuser::SessionUnmounter, PathBuf),
+    Fusermount(PathBuf),
+    Nobody,
+}
+
+impl Unmounter {
+    /// Unmounts; when files are still open (EBUSY) detaches the mount lazily instead, so no
+    /// stale mount stays behind a daemon that stops. Says whether it had to detach.
+    fn unmount(&mut self) -> std::io::Result<bool> {
+        match self {
+            Unmounter::Session(u, path) => match u.unmount() {
+                Ok(()) => Ok(false),
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => detach(path).map(|()| true),
+                Err(e) => Err(e),
+            },
+            Unmounter::Fusermount(path) => match fusermount::unmount(path, false) {
+                Ok(()) => Ok(false),
+                Err(_) => fusermount::unmount(path, true).map(|()| true),
+            },
+            Unmounter::Nobody => Ok(false),
+        }
+    }
+}
+
+/// `umount -l`: the mount leaves the tree now; open files keep it alive until they close.
+fn detach(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    // SAFETY: a valid NUL-terminated path; umount2 touches no memory of ours.
+    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// A live mount served by its own thread; unmounted when dropped.
+pub struct Mounted {
+    unmounter: Unmounter,
+    thread: Option<std::thread::JoinHandle<std::io::Result<()>>>,
+    ended: Option<tokio::sync::oneshot::Receiver<()>>,
+    fs: Fs,
+    finished: bool,
+}
+
+impl Mounted {
+    /// Mounts `fs` on `mountpoint` and starts serving it, each request as a task on `rt`.
+    /// Returns once the kernel handshake is done: the mount is live.
+    pub fn start(
+        fs: Fs,
+        rt: Handle,
+        mountpoint: &Path,
+        settings: &MountSettings,
+    ) -> std::io::Result<Mounted> {
+        let adapter = FuseAdapter { fs: fs.clone(), rt };
+        let config = mount_config(settings);
+        // SAFETY: geteuid cannot fail and touches no memory.
+        let root = unsafe { libc::geteuid() } == 0;
+        let (session, unmounter) = if root {
+            // fuser's own mount(2) leaves the subtype to fusermount3, so the mount would show
+            // as plain `fuse`; the kernel takes it as a mount option and then shows
+            // `fuse.rapidfs`, which is how `umount -t`, `mount -a` and our commands find it.
+            let mut config = config.clone();
+            config
+                .mount_options
+                .push(MountOption::CUSTOM("subtype=rapidfs".to_string()));
+            let mut session = fuser::Session::new(adapter, mountpoint, &config)?;
+            let unmounter =
+                Unmounter::Session(session.unmount_callable(), mountpoint.to_path_buf());
+            (session, unmounter)
+        } else {
+            // fuser opens /dev/fuse itself first and gives up when it may not; an ordinary
+            // user mounts through the setuid helper, as libfuse does.
+            let fd = fusermount::mount(mountpoint, &config)?;
+            let session = fuser::Session::from_fd(adapter, fd, config.acl, config.clone())?;
+            (session, Unmounter::Fusermount(mountpoint.to_path_buf()))
+        };
+        Self::run(session, unmounter, fs)
+    }
+
+    /// Serves `fd`, a `/dev/fuse` descriptor already mounted by someone else (the GKE CSI
+    /// driver, `mount.fuse3 -o drop_privileges`): no mount, no unmount, no kernel tuning.
+    /// The kernel checks access as the mounter's options say, so every request is served.
+    pub fn serve_fd(fs: Fs, rt: Handle, fd: OwnedFd) -> std::io::Result<Mounted> {
+        let adapter = FuseAdapter { fs: fs.clone(), rt };
+        let config = fuser::Config::default();
+        let session = fuser::Session::from_fd(adapter, fd, fuser::SessionACL::All, config)?;
+        Self::run(session, Unmounter::Nobody, fs)
+    }
+
+    fn run(
+        session: fuser::Session<FuseAdapter>,
+        unmounter: Unmounter,
+        fs: Fs,
+    ) -> std::io::Result<Mounted> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let thread = std::thread::Builder::new()
+            .name("fuse".to_string())
+            .spawn(move || {
+                let r = session.run();
+                let _ = tx.send(());
+                r
+            })?;
+        Ok(Mounted {
+            unmounter,
+            thread: Some(thread),
+            ended: Some(rx),
+            fs,
+            finished: false,
+        })
+    }
+
+    /// Refuses writes from now on (EIO), waits for those in flight, and makes every byte
+    /// written so far durable: what a stopping daemon does before it unmounts.
+    pub async fn stop_writes(&self) {
+        self.fs.stop_writes().await;
+    }
+
+    /// Makes every byte written so far durable while the mount goes on serving.
+    pub async fn sync_writes(&self) {
+        self.fs.sync_writes().await;
+    }
+
+    /// Resolves when the session ends (unmounted from outside, e.g. `fusermount3 -u`).
+    /// Only the first call gets a live receiver.
+    pub fn ended(&mut self) -> tokio::sync::oneshot::Receiver<()> {
+        self.ended
+            .take()
+            .unwrap_or_else(|| tokio::sync::oneshot::channel().1)
+    }
+
+    /// Unmounts (if still mounted) and waits for the serving thread to finish.
+    pub fn unmount(mut self) -> std::io::Result<()> {
+        self.finish()
+    }
+
+    /// Unmounts, then waits a little for the serving thread: a lazily detached mount (files
+    /// still open) or a descriptor mounted by someone else keeps it busy, and a stopping
+    /// process need not wait for that.
+    fn finish(&mut self) -> std::io::Result<()> {
+        if std::mem::replace(&mut self.finished, true) {
+            return Ok(());
+        }
+        let unmounted = self.unmounter.unmount();
+        if let Ok(true) = unmounted {
+            tracing::info!("files still open: mount detached lazily");
+        }
+        // A detached mount and a passed descriptor (nobody unmounts it here) keep the thread
+        // busy until their files close or the process ends: no point waiting for it.
+        let wait = if matches!(self.unmounter, Unmounter::Nobody) || matches!(unmounted, Ok(true)) {
+            Duration::ZERO
+        } else {
+            THREAD_GRACE
+        };
+        let grace = Instant::now() + wait;
+        while self.thread.as_ref().is_some_and(|t| !t.is_finished()) && Instant::now() < grace {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let joined = match self.thread.take_if(|t| t.is_finished()).map(|t| t.join()) {
+            Some(Ok(r)) => r,
+            Some(Err(_)) => Err(std::io::Error::other("the FUSE thread panicked")),
+            None => Ok(()),
+        };
+        unmounted.map(|_| ()).and(joined)
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if let Err(e) = self.finish() {
+            tracing::warn!(error = %e, "unmount failed");
+        }
+    }
+}
