@@ -25,6 +25,9 @@ pub fn serve(addr: SocketAddr) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("cannot serve metrics on {addr}: {e}"))
 }
 
+/// How long one connection to a unix-socket metrics listener may last.
+const SCRAPE_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Installs the global recorder with no listener of its own, for callers that serve the text
 /// themselves ([`serve_unix`]). Must run inside a tokio runtime.
 pub fn install() -> anyhow::Result<PrometheusHandle> {
@@ -78,10 +81,12 @@ pub fn serve_unix(path: &Path, handle: PrometheusHandle) -> anyhow::Result<()> {
                 };
                 async move { Ok::<_, std::convert::Infallible>(response) }
             };
-            tokio::spawn(hyper::server::conn::http1::Builder::new().serve_connection(
+            let connection = hyper::server::conn::http1::Builder::new().serve_connection(
                 hyper_util::rt::TokioIo::new(stream),
                 hyper::service::service_fn(answer),
-            ));
+            );
+            // A scraper that connects and says nothing must not hold a task forever.
+            tokio::spawn(tokio::time::timeout(SCRAPE_TIMEOUT, connection));
         }
     });
     Ok(())

@@ -125,13 +125,16 @@ fn kubernetes_rapidfs_args_parse_with_the_cli() {
             if l.trim() != "args:" {
                 continue;
             }
-            // The image's entrypoint is `rapidfs gke-sidecar`: a container that runs another
-            // subcommand must name the binary as its command.
+            // The default image's entrypoint is `rapidfs gke-sidecar`: a container that runs
+            // another subcommand uses the `full` image, whose entrypoint is `rapidfs`.
+            let image = lines[..i]
+                .iter()
+                .rev()
+                .find_map(|l| l.trim().strip_prefix("image: "))
+                .unwrap_or("");
             assert!(
-                lines[i.saturating_sub(6)..i]
-                    .iter()
-                    .any(|l| l.trim() == r#"command: ["/usr/local/bin/rapidfs"]"#),
-                "{}: an args list without command: [\"/usr/local/bin/rapidfs\"]",
+                image.ends_with("-full"),
+                "{}: rapidfs args for image {image:?}, not the -full image",
                 file.display()
             );
             let mut argv = vec!["rapidfs".to_string()];

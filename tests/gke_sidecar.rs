@@ -5,7 +5,8 @@
 //! sidecar runs as uid 65534 with no capabilities and /dev/fuse out of its reach, against the
 //! in-process emulator: one process serves every volume with its own owner, modes and
 //! `only-dir`; a missing bucket and a bad option fill only their volume's error file; SIGTERM
-//! and the exit file each end it with exit 0 and the bytes of a still-open file in the bucket.
+//! ends a native sidecar, and the exit file a regular one (which SIGTERM only makes flush),
+//! each with exit 0 and the bytes of a still-open file in the bucket.
 
 mod mount_support;
 mod node_support;
@@ -266,6 +267,10 @@ fn one_sidecar_serves_each_volume_as_its_options_say_and_fails_only_the_broken_o
     let metrics = scrape(&a.dir.join("metrics.sock"));
     assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
     assert!(metrics.contains("rapidfs_fuse_requests_total"), "{metrics}");
+    assert!(
+        !b.dir.join("metrics.sock").exists(),
+        "the process's metrics are served once, not once per volume"
+    );
 
     let open = write_and_keep_open(&b.p("ckpt.bin"), 3, 3);
     // SAFETY: signalling our own child (setpriv execs rapidfs in place).
@@ -288,7 +293,7 @@ fn one_sidecar_serves_each_volume_as_its_options_say_and_fails_only_the_broken_o
 }
 
 #[test]
-fn the_exit_file_ends_a_regular_sidecar_with_every_written_byte_in_the_bucket() {
+fn a_regular_sidecar_serves_on_after_sigterm_and_ends_at_the_exit_file() {
     let env = Env::new("gke-exit");
     let pod = Pod::new();
     let mut volume = NodeVolume::offer(
@@ -304,14 +309,41 @@ fn the_exit_file_ends_a_regular_sidecar_with_every_written_byte_in_the_bucket() 
         "metrics were turned off"
     );
     let open = write_and_keep_open(&volume.p("out.bin"), 9, 2);
+    let c = client(&env.rt, &env.emu().endpoint());
+    // A regular sidecar gets SIGTERM with the other containers: it makes their writes
+    // durable and serves on until the exit file appears.
+    // SAFETY: signalling our own child (setpriv execs rapidfs in place).
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let deadline = Instant::now() + PATIENCE;
+    while !pod.log_text().contains("serving on until the exit file") {
+        assert!(
+            Instant::now() < deadline,
+            "no word of SIGTERM: {}",
+            pod.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        child.try_wait().expect("try_wait").is_none(),
+        "still serving"
+    );
+    assert!(
+        bytes(&env.rt, &c, "gke-exit", "out.bin") == chunks(9, 2),
+        "the bytes of the open file are durable after SIGTERM"
+    );
+    std::fs::write(volume.p("after-sigterm.txt"), b"still served").expect("write after SIGTERM");
     let exit_file = pod.tmp.path().join(".volumes/exit");
     std::fs::write(&exit_file, b"").expect("exit file");
     std::os::unix::fs::chown(&exit_file, Some(NOBODY), Some(NOBODY)).expect("chown");
     let status = wait_exit(&mut child);
     assert!(status.success(), "exit after the exit file: {status}");
     drop(open);
-    let c = client(&env.rt, &env.emu().endpoint());
     assert!(bytes(&env.rt, &c, "gke-exit", "out.bin") == chunks(9, 2));
+    assert_eq!(
+        bytes(&env.rt, &c, "gke-exit", "after-sigterm.txt"),
+        b"still served"
+    );
     assert!(!exit_file.exists(), "the exit file is taken away");
     assert_eq!(volume.error(), "");
 }

@@ -12,12 +12,11 @@ use crate::config::Config;
 const FOREVER_MS: u64 = 365 * 24 * 3600 * 1000;
 
 /// gcsfuse flags the sidecar sets itself; the driver refuses them from users too.
-const SET_BY_SIDECAR: [&str; 11] = [
+const SET_BY_SIDECAR: [&str; 10] = [
     "temp-dir",
     "config-file",
     "foreground",
     "log-file",
-    "log-format",
     "key-file",
     "token-url",
     "reuse-token-from-url",
@@ -45,7 +44,7 @@ const KERNEL: [&str; 14] = [
 ];
 
 /// gcsfuse flags that rapidfs accepts without effect, and why.
-const NO_EFFECT: [(&str, &str); 22] = [
+const NO_EFFECT: [(&str, &str); 25] = [
     ("app-name", "rapidfs sends no application name"),
     (
         "rename-dir-limit",
@@ -80,14 +79,6 @@ const NO_EFFECT: [(&str, &str); 22] = [
         "rapidfs finds out whether the bucket has folders",
     ),
     (
-        "token-server-identity-provider",
-        "credentials come from the metadata server (Workload Identity)",
-    ),
-    (
-        "hnw-ksa",
-        "credentials come from the metadata server (Workload Identity)",
-    ),
-    (
         "enable-clooud-profiler-for-sidecar",
         "rapidfs has no Cloud Profiler agent",
     ),
@@ -96,13 +87,59 @@ const NO_EFFECT: [(&str, &str); 22] = [
         "rapidfs does not tune itself per machine type",
     ),
     ("debug_fuse", "use logging:severity:trace"),
+    ("debug_fuse_errors", "use logging:severity:trace"),
     ("debug_gcs", "use logging:severity:trace"),
     ("debug_fs", "use logging:severity:trace"),
+    ("debug_http", "use logging:severity:trace"),
+    ("debug_invariants", "use logging:severity:trace"),
+    ("debug_mutex", "use logging:severity:trace"),
+    ("log-format", "rapidfs logs JSON lines to stdout"),
+];
+
+/// gcsfuse flags that name one of its config keys, handled as that key.
+const FLAG_KEYS: [(&str, &str); 8] = [
+    ("metadata-cache-ttl-secs", "metadata-cache:ttl-secs"),
+    (
+        "metadata-cache-negative-ttl-secs",
+        "metadata-cache:negative-ttl-secs",
+    ),
+    ("log-severity", "logging:severity"),
+    (
+        "stat-cache-max-size-mb",
+        "metadata-cache:stat-cache-max-size-mb",
+    ),
+    (
+        "type-cache-max-size-mb",
+        "metadata-cache:type-cache-max-size-mb",
+    ),
+    ("file-cache-max-size-mb", "file-cache:max-size-mb"),
+    (
+        "file-cache-cache-file-for-range-read",
+        "file-cache:cache-file-for-range-read",
+    ),
+    (
+        "file-cache-enable-parallel-downloads",
+        "file-cache:enable-parallel-downloads",
+    ),
+];
+
+/// Options rapidfs cannot honour, and why: better a clear refusal than a mount that fails
+/// later in a way nobody connects to the option.
+const REFUSED: [(&str, &str); 2] = [
+    (
+        "token-server-identity-provider",
+        "rapidfs takes credentials from the metadata server only; the host-network token server is not supported",
+    ),
+    (
+        "hnw-ksa",
+        "rapidfs takes credentials from the metadata server only; the host-network token server is not supported",
+    ),
 ];
 
 /// The gcsfuse flags that take true/false or nothing.
-const BOOL_FLAGS: [&str; 10] = [
+const BOOL_FLAGS: [&str; 11] = [
     "implicit-dirs",
+    "debug_fuse_errors",
     "enable-nonexistent-type-cache",
     "enable-hns",
     "debug_fuse",
@@ -187,16 +224,29 @@ pub fn apply(options: &[String], cfg: &mut Config) -> Result<Applied, String> {
         ignored: Vec::new(),
     };
     let mut refused = Vec::new();
+    let mut negative_ttl_given = false;
     for opt in options.iter().filter(|o| !o.is_empty()) {
         let outcome = match parse(opt) {
+            Opt::Flag(name, Some(value)) if flag_key(name).is_some() => {
+                let key = flag_key(name).unwrap_or(name);
+                negative_ttl_given |= key == "metadata-cache:negative-ttl-secs";
+                config_key(key, value, cfg, &mut applied)
+            }
             Opt::Flag(name, value) => flag(name, value, cfg),
-            Opt::Key(key, value) => config_key(key, value, cfg, &mut applied),
+            Opt::Key(key, value) => {
+                negative_ttl_given |= key == "metadata-cache:negative-ttl-secs";
+                config_key(key, value, cfg, &mut applied)
+            }
         };
         match outcome {
             Ok(Effect::Applied) => {}
             Ok(Effect::Ignored(why)) => applied.ignored.push(format!("{opt}: {why}")),
             Err(e) => refused.push(e),
         }
+    }
+    if !negative_ttl_given {
+        // A missing name is not trusted longer than anything else.
+        cfg.fs.negative_ttl_ms = cfg.fs.negative_ttl_ms.min(cfg.fs.stat_ttl_ms);
     }
     if refused.is_empty() {
         Ok(applied)
@@ -246,6 +296,17 @@ fn flag(name: &str, value: Option<&str>, cfg: &mut Config) -> Result<Effect, Str
             cfg.gcs.endpoint = url.to_string();
             Ok(Effect::Applied)
         }
+        ("ro", Some(v)) => {
+            fs.read_only = boolean(name, v)?;
+            Ok(Effect::Applied)
+        }
+        (name, _) if REFUSED.iter().any(|(n, _)| *n == name) => Err(format!(
+            "{name}: {}",
+            REFUSED
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map_or("", |(_, why)| *why)
+        )),
         (name, _) if KERNEL.contains(&name) => {
             Ok(Effect::Ignored("the node applied it when it mounted"))
         }
@@ -260,6 +321,11 @@ fn flag(name: &str, value: Option<&str>, cfg: &mut Config) -> Result<Effect, Str
             None => Err(format!("unknown flag: --{name}")),
         },
     }
+}
+
+/// The config key a gcsfuse flag stands for, when it stands for one.
+fn flag_key(name: &str) -> Option<&'static str> {
+    FLAG_KEYS.iter().find(|(f, _)| *f == name).map(|(_, k)| *k)
 }
 
 /// Flags that mean something only with a value.
@@ -284,7 +350,6 @@ fn config_key(
             fs.list_ttl_ms = ms;
             fs.kernel_entry_ttl_ms = ms;
             fs.kernel_attr_ttl_ms = ms;
-            fs.negative_ttl_ms = fs.negative_ttl_ms.min(ms);
         }
         "metadata-cache:negative-ttl-secs" => fs.negative_ttl_ms = ttl_ms(key, value)?,
         "logging:severity" => applied.log_level = Some(severity(value)?.to_string()),
@@ -417,6 +482,37 @@ mod tests {
         apply(&opts(&["metadata-cache:ttl-secs:60"]), &mut cfg).expect("accepted");
         assert_eq!(cfg.fs.stat_ttl_ms, 60_000);
         assert!(cfg.fs.negative_ttl_ms <= 60_000);
+    }
+
+    #[test]
+    fn every_boolean_flag_and_the_flag_forms_of_config_keys_are_accepted() {
+        for name in BOOL_FLAGS {
+            let mut cfg = Config::default();
+            let opts = opts(&[name, &format!("{name}=false")]);
+            assert!(apply(&opts, &mut cfg).is_ok(), "{name}");
+        }
+        let mut cfg = Config::default();
+        let applied = apply(
+            &opts(&[
+                "log-severity=debug",
+                "metadata-cache-negative-ttl-secs=30",
+                "metadata-cache-ttl-secs=600",
+                "stat-cache-max-size-mb=64",
+            ]),
+            &mut cfg,
+        )
+        .expect("accepted");
+        assert_eq!(applied.log_level.as_deref(), Some("debug"));
+        assert_eq!(cfg.fs.stat_ttl_ms, 600_000);
+        assert_eq!(cfg.fs.negative_ttl_ms, 30_000, "given, so not clamped");
+        assert_eq!(applied.ignored.len(), 1, "{:?}", applied.ignored);
+    }
+
+    #[test]
+    fn the_host_network_token_server_is_refused_clearly() {
+        let mut cfg = Config::default();
+        let err = apply(&opts(&["hnw-ksa=true"]), &mut cfg).expect_err("refused");
+        assert!(err.contains("token server"), "{err}");
     }
 
     #[test]

@@ -23,6 +23,8 @@ use std::time::Duration;
 
 /// How often a regular (not native) sidecar looks for the exit file.
 const EXIT_FILE_POLL: Duration = Duration::from_secs(1);
+/// The least memory budget a volume gets when the process's is shared out.
+const MIN_VOLUME_MEMORY_MB: u64 = 64;
 
 /// Flags of `rapidfs gke-sidecar`.
 #[derive(Debug, Args)]
@@ -104,6 +106,11 @@ pub fn run(args: GkeSidecarArgs, log_level: Option<String>) -> anyhow::Result<()
             Err(why) => failed.push((volume, why)),
         }
     }
+    // One process serves every volume: the memory budget is the process's, shared out.
+    let shares = u64::try_from(ready.len()).unwrap_or(1).max(1);
+    for r in &mut ready {
+        r.cfg.cache.memory_mb = (base.cache.memory_mb / shares).max(MIN_VOLUME_MEMORY_MB);
+    }
     let level = log_level
         .or_else(|| most_verbose(ready.iter().filter_map(|r| r.applied.log_level.as_deref())))
         .unwrap_or_else(|| base.log.level.clone());
@@ -130,25 +137,51 @@ pub fn run(args: GkeSidecarArgs, log_level: Option<String>) -> anyhow::Result<()
         )
     };
     let metrics = metrics_handle(&rt, &ready, &base);
+    // Buckets are checked all at once: one that does not answer delays no other volume.
+    let connected = rt.block_on(futures::future::join_all(
+        ready.iter().map(|r| connect(&r.bucket, &r.cfg)),
+    ));
     let mut served = Vec::new();
-    for r in ready {
-        if let Some(m) = serve(&rt, r, metrics.as_ref()) {
+    let mut metrics_served = false;
+    for (r, conn) in ready.into_iter().zip(connected) {
+        // The text is the whole process's: served on one volume's socket, so a node that
+        // scrapes every volume does not count it twice.
+        let metrics = metrics
+            .as_ref()
+            .filter(|_| r.applied.metrics && !metrics_served);
+        if let Some(m) = serve(&rt, r, conn, metrics) {
+            metrics_served |= metrics.is_some();
             served.push(m);
         }
     }
+    let native = native_sidecar();
     tracing::info!(
         served = served.len(),
+        native,
         "waiting for SIGTERM or the exit file"
     );
     let exit_file = volumes_dir.join("exit");
-    let watch_exit_file = !native_sidecar();
     rt.block_on(async {
-        tokio::select! {
-            _ = sigint.recv() => tracing::info!("SIGINT received"),
-            _ = sigterm.recv() => tracing::info!("SIGTERM received"),
-            _ = appears(&exit_file), if watch_exit_file => {
-                tracing::info!("exit file found: the pod's other containers have ended");
-                let _ = std::fs::remove_file(&exit_file);
+        loop {
+            tokio::select! {
+                _ = sigint.recv() => break tracing::info!("SIGINT received"),
+                _ = sigterm.recv() => {
+                    if native {
+                        break tracing::info!("SIGTERM received");
+                    }
+                    // A regular sidecar container gets SIGTERM with the pod's other
+                    // containers, which may still be writing: it makes what they wrote
+                    // durable and goes on serving until the exit file says they ended.
+                    tracing::info!("SIGTERM received: making writes durable, serving on until the exit file");
+                    for (_, mounted) in &served {
+                        mounted.sync_writes().await;
+                    }
+                }
+                _ = appears(&exit_file), if !native => {
+                    tracing::info!("exit file found: the pod's other containers have ended");
+                    let _ = std::fs::remove_file(&exit_file);
+                    break;
+                }
             }
         }
     });
@@ -232,11 +265,12 @@ fn prepare(volume: &Volume, base: &Config, buffer_dir: &Path) -> Result<Ready, S
     })
 }
 
-/// Connects to the volume's bucket and serves its descriptor; on failure, fills its error
-/// file in the words the driver matches ("bucket doesn't exist", "googleapi: Error 403").
+/// Serves the volume's descriptor once its bucket answered; on failure, fills its error file
+/// in the words the driver matches ("bucket doesn't exist", "googleapi: Error 403").
 fn serve(
     rt: &tokio::runtime::Runtime,
     r: Ready,
+    connected: Result<(crate::fs::Fs, crate::zonal::Verdict), ConnectError>,
     metrics: Option<&metrics_exporter_prometheus::PrometheusHandle>,
 ) -> Option<(String, Mounted)> {
     let Ready {
@@ -249,7 +283,7 @@ fn serve(
     for line in &applied.ignored {
         tracing::info!(volume = %volume.name, "option accepted without effect: {line}");
     }
-    let fs = match rt.block_on(connect(&bucket, &cfg)) {
+    let fs = match connected {
         Ok((fs, zonal)) => {
             zonal.log();
             fs
@@ -271,7 +305,7 @@ fn serve(
             return None;
         }
     };
-    if let (Some(handle), true) = (metrics, applied.metrics) {
+    if let Some(handle) = metrics {
         let path = volume.dir.join("metrics.sock");
         let _guard = rt.enter();
         match crate::metrics::serve_unix(&path, handle.clone()) {

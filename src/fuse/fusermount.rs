@@ -14,7 +14,11 @@ use std::process::Command;
 pub const MESSAGE_LIMIT: usize = 5000;
 
 /// How long a sender may pause inside its message before it is taken to be complete.
-pub const MESSAGE_QUIET: std::time::Duration = std::time::Duration::from_secs(2);
+pub const MESSAGE_QUIET: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// How long a sender may take to send the descriptor at all: a peer that accepted the
+/// connection and says nothing must not hang the daemon.
+pub const MESSAGE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 fn option_string(o: &MountOption) -> String {
     match o {
@@ -116,6 +120,7 @@ pub fn receive_message(
 ) -> io::Result<(Vec<u8>, OwnedFd)> {
     use std::io::Read;
     let mut message = vec![0u8; limit];
+    sock.set_read_timeout(Some(MESSAGE_WAIT))?;
     let (mut len, fd) = receive_with_fd(sock, &mut message)?;
     sock.set_read_timeout(Some(quiet))?;
     let mut reader = sock;
@@ -169,16 +174,34 @@ fn receive_with_fd(sock: &UnixStream, buf: &mut [u8]) -> io::Result<(usize, Owne
             return Err(e);
         }
     };
-    // SAFETY: the CMSG macros walk the control buffer recvmsg filled and bounded.
+    // Every descriptor received is owned at once, so none leaks whatever happens next.
+    let mut fds = Vec::new();
+    // SAFETY: the CMSG macros walk the control buffer recvmsg filled and bounded; each
+    // SCM_RIGHTS payload holds (cmsg_len - CMSG_LEN(0)) / sizeof(int) descriptors.
     unsafe {
-        let cmsg = libc::CMSG_FIRSTHDR(&msg);
-        if cmsg.is_null()
-            || (*cmsg).cmsg_level != libc::SOL_SOCKET
-            || (*cmsg).cmsg_type != libc::SCM_RIGHTS
-        {
-            return Err(io::Error::other("no descriptor was passed over the socket"));
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(cmsg) as *const libc::c_int;
+                let bytes = (*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                for i in 0..bytes / std::mem::size_of::<libc::c_int>() {
+                    fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i))));
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
         }
-        let fd = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg) as *const libc::c_int);
-        Ok((n, OwnedFd::from_raw_fd(fd)))
+    }
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+        return Err(io::Error::other(
+            "the descriptors passed over the socket did not fit",
+        ));
+    }
+    let mut fds = fds.into_iter();
+    match (fds.next(), fds.next()) {
+        (Some(fd), None) => Ok((n, fd)),
+        (None, _) => Err(io::Error::other("no descriptor was passed over the socket")),
+        (Some(_), Some(_)) => Err(io::Error::other(
+            "more than one descriptor was passed over the socket",
+        )),
     }
 }

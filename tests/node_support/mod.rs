@@ -187,7 +187,20 @@ pub fn shared_dir() -> tempfile::TempDir {
 /// Sends `payload` (not empty) with `fd` (SCM_RIGHTS) to the first client of `listener` in
 /// one `sendmsg`, then closes the connection: the GKE node server's way.
 pub fn send_fd(listener: &UnixListener, fd: RawFd, payload: &[u8]) {
-    let (conn, _) = listener.accept().expect("accept");
+    // Polled with a deadline: a sidecar that dies before connecting fails the test, not hangs it.
+    listener.set_nonblocking(true).expect("nonblocking");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let conn = loop {
+        match listener.accept() {
+            Ok((conn, _)) => break conn,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                assert!(std::time::Instant::now() < deadline, "nobody connected");
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(e) => panic!("accept: {e}"),
+        }
+    };
+    conn.set_nonblocking(false).expect("blocking");
     let mut data = payload.to_vec();
     let mut iov = libc::iovec {
         iov_base: data.as_mut_ptr().cast(),
