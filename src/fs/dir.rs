@@ -4,10 +4,10 @@
 //! listing page by page is listed the rest of the way in parallel (`list_parallel`).
 
 use super::inode::{Kind, ObjMeta};
-use super::list_parallel::{self, ParallelOptions};
+use super::list_parallel::{self, list_request, ParallelOptions};
 use super::names::is_visible;
 use crate::config::FsConfig;
-use crate::gcs::{self, Client, ListPage, ListRequest};
+use crate::gcs::{self, Client, ListPage};
 use std::collections::HashSet;
 use std::sync::Mutex;
 
@@ -84,17 +84,6 @@ impl ShadowWarnings {
                 "object hidden: a directory of the same name exists and wins"
             );
         }
-    }
-}
-
-/// The request listing directory `prefix` (empty or ending in `/`), one page at a time.
-pub fn list_request(prefix: &str, page_size: i32) -> ListRequest {
-    ListRequest {
-        prefix: prefix.to_string(),
-        delimiter: Some("/".to_string()),
-        page_size,
-        include_folders_as_prefixes: true,
-        ..Default::default()
     }
 }
 

@@ -18,6 +18,17 @@ use crate::gcs::{self, Client, ListPage, ListRequest};
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+/// The request listing directory `prefix` (empty or ending in `/`), one page at a time.
+pub fn list_request(prefix: &str, page_size: i32) -> ListRequest {
+    ListRequest {
+        prefix: prefix.to_string(),
+        delimiter: Some("/".to_string()),
+        page_size,
+        include_folders_as_prefixes: true,
+        ..Default::default()
+    }
+}
+
 /// How a parallel listing runs.
 #[derive(Debug, Clone, Copy)]
 pub struct ParallelOptions {
@@ -64,7 +75,7 @@ impl Shared {
     }
 
     fn request(&self, start: &str, end: Option<&str>, page_size: i32) -> ListRequest {
-        let mut req = super::dir::list_request(&self.prefix, page_size);
+        let mut req = list_request(&self.prefix, page_size);
         req.lexicographic_start = start.to_string();
         req.lexicographic_end = end.unwrap_or_default().to_string();
         req

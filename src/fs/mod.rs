@@ -7,6 +7,7 @@
 //! names found missing (`negative_ttl_ms`). The kernel's own entry and attribute caches get
 //! `kernel_entry_ttl_ms` and `kernel_attr_ttl_ms`.
 
+mod counters;
 mod dir;
 mod error;
 mod inode;
@@ -29,8 +30,9 @@ pub use write_ops::SetAttr;
 use crate::config::Config;
 use crate::gcs::{self, Client};
 use bytes::Bytes;
-use dir::{list_dir, list_request, merge, ListOptions, Listing, ShadowWarnings};
+use dir::{list_dir, merge, ListOptions, Listing, ShadowWarnings};
 use inode::{Inode, InodeTable, ObjMeta};
+use list_parallel::list_request;
 use read::{Handle, ReadPath};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

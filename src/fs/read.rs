@@ -22,10 +22,10 @@
 //!
 //! Every cache key carries the generation, so a handle never mixes bytes of two versions.
 
+use super::counters::Counters;
 use super::error::{Errno, FsResult};
 use super::inode::ObjMeta;
 use super::pool::StreamPool;
-use super::prefetch::Counters;
 use super::seq::{Plan, Sequential};
 use crate::config::{CacheConfig, ReadConfig};
 use crate::gcs::Client;
