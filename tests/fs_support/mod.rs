@@ -13,6 +13,8 @@ pub struct FsEnv {
     pub rt: tokio::runtime::Runtime,
     pub emu: Emulator,
     pub fs: Fs,
+    /// A client of the same emulator, for what the test does behind the filesystem's back.
+    pub client: Client,
     pub bucket: String,
 }
 
@@ -40,12 +42,13 @@ impl FsEnv {
         let client = rt.block_on(Client::connect(&cfg.gcs)).expect("client");
         let fs = {
             let _guard = rt.enter();
-            Fs::new(client, bucket, &cfg)
+            Fs::new(client.clone(), bucket, &cfg)
         };
         FsEnv {
             rt,
             emu,
             fs,
+            client,
             bucket: bucket.to_string(),
         }
     }
@@ -55,6 +58,12 @@ impl FsEnv {
         self.emu
             .put_object(&self.bucket, name, bytes::Bytes::copy_from_slice(data))
             .expect("put_object");
+    }
+
+    /// (ListObjects, GetObject) calls the emulator answered so far.
+    pub fn calls(&self) -> (u64, u64) {
+        let st = self.emu.stats();
+        (st.list_calls, st.get_object_calls)
     }
 
     /// The inode of `name` in the root directory.

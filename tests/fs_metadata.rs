@@ -1,0 +1,127 @@
+//! Metadata through `fs` alone, against the in-process emulator: the stat and negative TTLs,
+//! the kernel's forget, and namespace changes seen at once however long the TTLs.
+
+mod fs_support;
+
+use fs_support::FsEnv;
+use rapidfs::fs::{Errno, Kind, ROOT_INO};
+use std::time::Duration;
+
+const TTL: Duration = Duration::from_millis(300);
+
+/// A name's answer is trusted for the TTLs; once they expired, a new version behind the
+/// mount's back is a new inode with its own size (an inode stays with its generation).
+#[test]
+fn a_lookup_is_trusted_for_the_ttl_then_finds_the_new_version() {
+    let env = FsEnv::new("b", |cfg| {
+        cfg.fs.stat_ttl_ms = TTL.as_millis() as u64;
+        cfg.fs.list_ttl_ms = TTL.as_millis() as u64;
+    });
+    env.put("f", b"abc");
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let first = fs.lookup(ROOT_INO, "f").await.expect("f").attr;
+        assert_eq!(first.size, 3);
+        env.put("f", b"abcde");
+        let calls = env.calls();
+        assert_eq!(fs.lookup(ROOT_INO, "f").await.expect("f").attr.size, 3);
+        assert_eq!(fs.getattr(first.ino).await.expect("getattr").size, 3);
+        assert_eq!(env.calls(), calls, "answered from the caches");
+        tokio::time::sleep(TTL + Duration::from_millis(100)).await;
+        let now = fs.lookup(ROOT_INO, "f").await.expect("f").attr;
+        assert_eq!(now.size, 5, "expired: fetched again");
+        assert_ne!(now.ino, first.ino, "a new generation is a new inode");
+        assert_eq!(fs.getattr(first.ino).await.expect("old").size, 3);
+    });
+}
+
+#[test]
+fn a_missing_name_stays_missing_for_the_negative_ttl_without_a_call() {
+    let env = FsEnv::new("b", |cfg| {
+        cfg.fs.list_ttl_ms = 0;
+        cfg.fs.negative_ttl_ms = TTL.as_millis() as u64;
+    });
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        assert_eq!(
+            fs.lookup(ROOT_INO, "g").await.map(|_| ()),
+            Err(Errno::ENOENT)
+        );
+        env.put("g", b"now here");
+        let calls = env.calls();
+        assert_eq!(
+            fs.lookup(ROOT_INO, "g").await.map(|_| ()),
+            Err(Errno::ENOENT)
+        );
+        assert_eq!(env.calls(), calls, "answered from the negative cache");
+        tokio::time::sleep(TTL + Duration::from_millis(100)).await;
+        assert_eq!(fs.lookup(ROOT_INO, "g").await.expect("found").attr.size, 8);
+    });
+}
+
+#[test]
+fn a_forgotten_inode_is_gone_and_a_new_lookup_makes_it_again() {
+    let env = FsEnv::new("b", |_| {});
+    env.put("f", b"abc");
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let ino = fs.lookup(ROOT_INO, "f").await.expect("f").attr.ino;
+        assert_eq!(fs.lookup(ROOT_INO, "f").await.expect("f").attr.ino, ino);
+        fs.forget(ino, 1);
+        assert!(fs.getattr(ino).await.is_ok(), "one lookup still held");
+        fs.forget(ino, 1);
+        assert_eq!(fs.getattr(ino).await.map(|_| ()), Err(Errno::ENOENT));
+        let again = fs.lookup(ROOT_INO, "f").await.expect("f");
+        assert_eq!(again.attr.size, 3);
+        assert!(fs.getattr(again.attr.ino).await.is_ok());
+    });
+}
+
+#[test]
+fn namespace_changes_are_seen_at_once_whatever_the_ttls() {
+    let env = FsEnv::new("b", |cfg| {
+        let hour = 3_600_000;
+        cfg.fs.stat_ttl_ms = hour;
+        cfg.fs.list_ttl_ms = hour;
+        cfg.fs.negative_ttl_ms = hour;
+    });
+    env.put("d/a", b"a");
+    env.put("d/b", b"b");
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let d = fs.lookup(ROOT_INO, "d").await.expect("d").attr.ino;
+        assert!(fs.lookup(d, "a").await.is_ok());
+        assert_eq!(fs.lookup(d, "new").await.map(|_| ()), Err(Errno::ENOENT));
+
+        fs.unlink(d, "a").await.expect("unlink");
+        assert_eq!(fs.lookup(d, "a").await.map(|_| ()), Err(Errno::ENOENT));
+
+        let (_, opened) = fs.create(d, "new", libc::O_WRONLY).await.expect("create");
+        fs.flush(opened.fh).await.expect("close");
+        fs.release_write(opened.fh).await;
+        assert_eq!(
+            fs.lookup(d, "new").await.expect("created").attr.kind,
+            Kind::File
+        );
+
+        fs.rename(d, "b", ROOT_INO, "moved", 0)
+            .await
+            .expect("rename");
+        assert_eq!(fs.lookup(d, "b").await.map(|_| ()), Err(Errno::ENOENT));
+        assert_eq!(
+            fs.lookup(ROOT_INO, "moved").await.expect("moved").attr.size,
+            1
+        );
+
+        fs.mkdir(ROOT_INO, "m").await.expect("mkdir");
+        assert_eq!(
+            fs.lookup(ROOT_INO, "m").await.expect("m").attr.kind,
+            Kind::Dir
+        );
+        fs.rmdir(ROOT_INO, "m").await.expect("rmdir");
+        assert_eq!(
+            fs.lookup(ROOT_INO, "m").await.map(|_| ()),
+            Err(Errno::ENOENT)
+        );
+    });
+}

@@ -1,0 +1,86 @@
+//! The writer's state machine through `fs` alone, against the in-process emulator: a writer
+//! fenced by another stays failed, and a rewrite stages then uploads a new generation.
+
+mod fs_support;
+
+use fs_support::FsEnv;
+use rapidfs::fs::{Errno, ROOT_INO};
+
+#[test]
+fn a_writer_fenced_by_another_fails_and_stays_failed() {
+    let env = FsEnv::new("b", |_| {});
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let (_, opened) = fs
+            .create(ROOT_INO, "f", libc::O_WRONLY)
+            .await
+            .expect("create");
+        let fh = opened.fh;
+        fs.write(fh, 0, vec![1u8; 1000].into())
+            .await
+            .expect("write");
+        fs.flush(fh).await.expect("fsync");
+        let generation = env
+            .client
+            .get_object("b", "f")
+            .await
+            .expect("object")
+            .generation;
+        let mut other = env
+            .client
+            .open_appendable("b", "f", generation)
+            .await
+            .expect("another writer takes the object over");
+        other
+            .append(vec![2u8; 10].into())
+            .await
+            .expect("the other writer appends");
+        other.flush().await.expect("the other writer persists");
+        // Ours learns it was fenced at the latest when it next makes bytes durable.
+        let ours = match fs.write(fh, 1000, vec![3u8; 100].into()).await {
+            Ok(_) => fs.flush(fh).await,
+            Err(e) => Err(e),
+        };
+        assert_eq!(ours, Err(Errno::EIO));
+        assert_eq!(
+            fs.flush(fh).await,
+            Err(Errno::EIO),
+            "a failed writer stays failed"
+        );
+        assert_eq!(
+            fs.write(fh, 1100, vec![4u8; 1].into()).await.map(|_| ()),
+            Err(Errno::EIO)
+        );
+        fs.release_write(fh).await;
+        let meta = env.client.get_object("b", "f").await.expect("object");
+        assert_eq!(
+            meta.size, 1010,
+            "the other writer's bytes, none of ours after it"
+        );
+    });
+}
+
+#[test]
+fn a_rewrite_in_the_middle_uploads_a_new_generation_at_close() {
+    let env = FsEnv::new("b", |_| {});
+    env.put("f", &[7u8; 5000]);
+    let ino = env.ino("f");
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let before = env.client.get_object("b", "f").await.expect("f").generation;
+        let opened = fs.open_write(ino, false).await.expect("open");
+        fs.write(opened.fh, 100, vec![9u8; 10].into())
+            .await
+            .expect("write in the middle");
+        let still = env.client.get_object("b", "f").await.expect("f");
+        assert_eq!(
+            still.generation, before,
+            "staged: the object is untouched until close"
+        );
+        fs.flush(opened.fh).await.expect("close uploads");
+        fs.release_write(opened.fh).await;
+        let after = env.client.get_object("b", "f").await.expect("f");
+        assert_ne!(after.generation, before);
+        assert_eq!(after.size, 5000);
+    });
+}
