@@ -302,6 +302,7 @@ impl Session {
             }
         }
         let (idx, max) = if self.chaos {
+            add(&self.stats.chaos_chunks, 1);
             let mut rng = rand::rng();
             (
                 rng.random_range(0..self.active.len()),

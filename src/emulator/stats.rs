@@ -32,6 +32,10 @@ pub struct StatsSnapshot {
     pub read_messages: u64,
     /// Streams and calls ended by an injected fault (cut, unavailable, redirect).
     pub faults_injected: u64,
+    /// Calls and stream opens held back by the injected latency.
+    pub delays_injected: u64,
+    /// Read chunks whose size and range the chaos fault picked at random.
+    pub chaos_chunks: u64,
     /// Calls and stream opens carrying a bearer token the emulator accepts (see `Emulator::allow_token`).
     pub bearer_valid: u64,
     /// Calls and stream opens without an `authorization: Bearer` header.
@@ -74,6 +78,8 @@ counters!(
     missing_routing_header,
     read_messages,
     faults_injected,
+    delays_injected,
+    chaos_chunks,
     bearer_valid,
     bearer_missing,
     bearer_invalid

@@ -99,6 +99,7 @@ impl Calls {
     /// Waits out the injected latency of a unary call.
     pub async fn delay(&self) {
         if let Some(d) = self.faults.latency() {
+            add(&self.stats.delays_injected, 1);
             tokio::time::sleep(d).await;
         }
     }
