@@ -2,7 +2,8 @@
 //! folders as prefixes, lexicographic start/end, read masks, and pages with opaque tokens.
 //! Pure: reads the index it is given.
 
-use super::store::{to_proto_masked, BucketState, Entry, ObjectFields};
+use super::object_proto::{to_proto_masked, ObjectFields};
+use super::store::{BucketState, Entry};
 use crate::proto::storage::{ListObjectsRequest, ListObjectsResponse};
 use std::collections::btree_map::Range;
 use std::iter::Peekable;

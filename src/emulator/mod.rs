@@ -16,6 +16,8 @@ mod directory;
 mod faults;
 mod listing;
 mod memory;
+mod object_proto;
+mod preconditions;
 mod read;
 mod read_wire;
 mod service;
@@ -33,11 +35,12 @@ pub use stats::StatsSnapshot;
 use crate::proto::control::storage_control_server::StorageControlServer;
 use anyhow::Context;
 use faults::FaultState;
+use preconditions::Preconditions;
 use stats::Stats;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use store::{Preconditions, Store};
+use store::Store;
 
 /// HTTP/2 flow-control windows: large, so one stream can carry GB/s over loopback.
 const STREAM_WINDOW: u32 = 32 * 1024 * 1024;

@@ -4,12 +4,12 @@
 //! Touches the backend it was given and nothing else.
 
 use super::content::{Content, ContentWriter, Data, Segments, WriteState};
-use crate::proto::storage::{Object, ObjectChecksums};
-use bytes::Bytes;
+use super::object_proto::micros;
+use super::preconditions::Preconditions;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 use tonic::Status;
 
 /// How a file looked on disk when last seen: (size, mtime in ns). A finalized object whose
@@ -103,64 +103,6 @@ pub(crate) trait Backend: Send + Sync {
     fn stamp(&self, data: &Data) -> Option<Stamp>;
 }
 
-/// Generation and metageneration preconditions of a request.
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct Preconditions {
-    /// The live generation must be this (0 = no live object).
-    pub if_generation_match: Option<i64>,
-    /// The live generation must not be this.
-    pub if_generation_not_match: Option<i64>,
-    /// The live metageneration must be this.
-    pub if_metageneration_match: Option<i64>,
-    /// The live metageneration must not be this.
-    pub if_metageneration_not_match: Option<i64>,
-}
-
-impl Preconditions {
-    /// Checks against the live object `(generation, metageneration)`, if any.
-    pub fn check(&self, live: Option<(i64, i64)>) -> Result<(), Status> {
-        let generation = live.map_or(0, |l| l.0);
-        if let Some(want) = self.if_generation_match {
-            if want != generation {
-                return Err(Status::failed_precondition(format!(
-                    "if_generation_match={want} failed: the live generation is {}",
-                    describe(live)
-                )));
-            }
-        }
-        if let Some(not) = self.if_generation_not_match {
-            if not == generation {
-                return Err(Status::failed_precondition(format!(
-                    "if_generation_not_match={not} failed: the live generation is {not}"
-                )));
-            }
-        }
-        if let Some(want) = self.if_metageneration_match {
-            if live.map(|l| l.1) != Some(want) {
-                return Err(Status::failed_precondition(format!(
-                    "if_metageneration_match={want} failed: the object is at {}",
-                    live.map_or("no object".to_string(), |l| format!(
-                        "metageneration {}",
-                        l.1
-                    ))
-                )));
-            }
-        }
-        if let Some(not) = self.if_metageneration_not_match {
-            if live.map(|l| l.1) == Some(not) {
-                return Err(Status::failed_precondition(format!(
-                    "if_metageneration_not_match={not} failed"
-                )));
-            }
-        }
-        Ok(())
-    }
-}
-
-fn describe(live: Option<(i64, i64)>) -> String {
-    live.map_or("none (no live object)".to_string(), |l| l.0.to_string())
-}
-
 /// The object store: every bucket's index behind one lock, the backend behind it.
 pub(crate) struct Store {
     backend: Box<dyn Backend>,
@@ -201,21 +143,6 @@ pub(crate) fn check_bucket_name(name: &str) -> Result<(), Status> {
         )));
     }
     Ok(())
-}
-
-/// Microseconds since the epoch.
-pub(crate) fn micros(t: SystemTime) -> i64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as i64)
-}
-
-/// A protobuf timestamp.
-pub(crate) fn timestamp(t: SystemTime) -> prost_types::Timestamp {
-    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
-    prost_types::Timestamp {
-        seconds: d.as_secs() as i64,
-        nanos: d.subsec_nanos() as i32,
-    }
 }
 
 impl Store {
@@ -750,117 +677,4 @@ fn relocate(b: &mut BucketState, name: &str, data: Data) -> Result<Entry, Status
         create_time: old.create_time,
         stamp: old.stamp,
     })
-}
-
-/// The wire form of an object.
-pub(crate) fn to_proto(bucket: &str, name: &str, e: &Entry) -> Object {
-    to_proto_masked(bucket, name, e, &ObjectFields::ALL)
-}
-
-/// The `Object` fields a request's `read_mask` asks for; no mask, or `*`, means all of them.
-/// Paths name `Object` fields (`name`, `size`, ...) as Google's clients send them; a path
-/// naming a field the emulator never fills (`acl`, `metadata`, ...) selects nothing more.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct ObjectFields {
-    bucket: bool,
-    etag: bool,
-    generation: bool,
-    metageneration: bool,
-    storage_class: bool,
-    size: bool,
-    finalize_time: bool,
-    content_type: bool,
-    create_time: bool,
-    checksums: bool,
-    update_time: bool,
-}
-
-impl ObjectFields {
-    /// Every field the emulator fills.
-    pub const ALL: ObjectFields = ObjectFields {
-        bucket: true,
-        etag: true,
-        generation: true,
-        metageneration: true,
-        storage_class: true,
-        size: true,
-        finalize_time: true,
-        content_type: true,
-        create_time: true,
-        checksums: true,
-        update_time: true,
-    };
-
-    /// The fields `mask` selects. `name` is always sent: a listing without names is useless,
-    /// and the service sends it too.
-    pub fn from_mask(mask: Option<&prost_types::FieldMask>) -> ObjectFields {
-        let Some(mask) = mask else {
-            return ObjectFields::ALL;
-        };
-        let has = |field: &str| {
-            mask.paths
-                .iter()
-                .any(|p| p == "*" || p.split('.').next() == Some(field))
-        };
-        ObjectFields {
-            bucket: has("bucket"),
-            etag: has("etag"),
-            generation: has("generation"),
-            metageneration: has("metageneration"),
-            storage_class: has("storage_class"),
-            size: has("size"),
-            finalize_time: has("finalize_time"),
-            content_type: has("content_type"),
-            create_time: has("create_time"),
-            checksums: has("checksums"),
-            update_time: has("update_time"),
-        }
-    }
-}
-
-/// The wire form of an object, with only the fields in `f` (and its name).
-pub(crate) fn to_proto_masked(bucket: &str, name: &str, e: &Entry, f: &ObjectFields) -> Object {
-    let st = e.content.state();
-    Object {
-        name: name.to_string(),
-        bucket: if f.bucket {
-            bucket_path(bucket)
-        } else {
-            String::new()
-        },
-        etag: if f.etag {
-            format!("{}-{}", e.content.generation, e.metageneration)
-        } else {
-            String::new()
-        },
-        generation: if f.generation {
-            e.content.generation
-        } else {
-            0
-        },
-        metageneration: if f.metageneration {
-            e.metageneration
-        } else {
-            0
-        },
-        storage_class: if f.storage_class {
-            "RAPID".to_string()
-        } else {
-            String::new()
-        },
-        size: if f.size { st.persisted as i64 } else { 0 },
-        finalize_time: st.finalized.filter(|_| f.finalize_time).map(timestamp),
-        content_type: if f.content_type {
-            "application/octet-stream".to_string()
-        } else {
-            String::new()
-        },
-        create_time: f.create_time.then(|| timestamp(e.create_time)),
-        checksums: f.checksums.then(|| ObjectChecksums {
-            crc32c: st.crc_known.then_some(st.persisted_crc),
-            md5_hash: Bytes::new(),
-        }),
-        update_time: f.update_time.then(|| timestamp(st.update_time)),
-        ..Object::default()
-    }
 }

@@ -3,8 +3,10 @@
 //! the injected latency. Touches the store.
 
 use super::listing::list;
+use super::object_proto::{timestamp, to_proto};
+use super::preconditions::Preconditions;
 use super::stats::add;
-use super::store::{bucket_path, parse_bucket, timestamp, to_proto, Preconditions};
+use super::store::{bucket_path, parse_bucket};
 use super::Service;
 use crate::proto::storage::{
     bucket, Bucket, DeleteObjectRequest, GetBucketRequest, GetObjectRequest, ListObjectsRequest,
