@@ -17,20 +17,24 @@ mod namespace;
 mod pool;
 mod prefetch;
 mod read;
+mod readdir;
 mod seq;
 mod staging;
 mod write;
+mod write_budget;
 mod write_ops;
 
 pub use error::{Errno, FsResult};
 pub use inode::{Kind, ROOT_INO};
 pub use prefetch::{PrefetchStats, Progress};
+use readdir::DirHandle;
+pub use readdir::DirItem;
 pub use write_ops::SetAttr;
 
 use crate::config::Config;
 use crate::gcs::{self, Client};
 use bytes::Bytes;
-use dir::{list_dir, merge, ListOptions, Listing, ShadowWarnings};
+use dir::{merge, ListOptions, Listing, ShadowWarnings};
 use inode::{Inode, InodeTable, ObjMeta};
 use list_parallel::list_request;
 use read::{Handle, ReadPath};
@@ -89,19 +93,6 @@ pub struct Opened {
     pub fh: u64,
     /// The kernel's page cache of this file still holds the bytes of this version.
     pub keep_cache: bool,
-}
-
-/// One entry of a directory read, borrowing its name from the listing.
-#[derive(Debug, Clone, PartialEq)]
-pub struct DirItem<'a> {
-    /// Inode number.
-    pub ino: u64,
-    /// Offset of the next entry (what the kernel passes back to continue).
-    pub offset: u64,
-    /// File or directory.
-    pub kind: Kind,
-    /// The name.
-    pub name: &'a str,
 }
 
 /// Filesystem-wide figures for `statfs`.
@@ -168,12 +159,6 @@ struct Inner {
 /// One directory's `whole_listing` call, shared by everyone who wants it while it runs.
 type ListingCall = Arc<tokio::sync::OnceCell<Option<Arc<Listing>>>>;
 
-/// An open directory: the listing it reads, taken at the first read from offset 0.
-struct DirHandle {
-    ino: u64,
-    listing: Option<Arc<Listing>>,
-}
-
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A poisoned lock only means another request panicked mid-update of plain data.
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -201,7 +186,7 @@ impl Fs {
         let root = names::dir_prefix(fs.only_dir.as_deref());
         // SAFETY: getuid and getgid cannot fail and touch no memory.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-        let (write_budget, read_cache) = write::split_budget(&cfg.cache, &cfg.write);
+        let (write_budget, read_cache) = write_budget::split_budget(&cfg.cache, &cfg.write);
         let reads = ReadPath::new(client.clone(), bucket, &cfg.read, &read_cache);
         Fs {
             inner: Arc::new(Inner {
@@ -599,154 +584,6 @@ impl Fs {
         if let Some(h) = lock(&self.inner.files).remove(&fh) {
             self.inner.reads.release(&h);
         }
-    }
-
-    /// Opens directory `ino` for reading.
-    pub fn opendir(&self, ino: u64) -> FsResult<u64> {
-        self.dir_inode(ino)?;
-        let fh = self.inner.next_fh.fetch_add(1, Ordering::Relaxed);
-        lock(&self.inner.dirs).insert(fh, DirHandle { ino, listing: None });
-        Ok(fh)
-    }
-
-    /// Closes directory handle `fh`.
-    pub fn releasedir(&self, fh: u64) {
-        lock(&self.inner.dirs).remove(&fh);
-    }
-
-    /// The listing of directory `ino`: the cached one while fresh, else listed again.
-    async fn listing(&self, ino: u64) -> FsResult<Arc<Listing>> {
-        let i = &self.inner;
-        let dir = self.dir_inode(ino)?;
-        if let Some(l) = i.listings.as_ref().and_then(|c| c.get(&dir.key())) {
-            return Ok(l);
-        }
-        let listing = list_dir(
-            &i.client,
-            &i.bucket,
-            &dir.key(),
-            &i.warnings,
-            i.list_options,
-        )
-        .await
-        .map(Arc::new)
-        .map_err(|e| error::log_err("list", &dir.key(), &e))?;
-        if let Some(c) = &i.listings {
-            c.insert(dir.key(), listing.clone());
-        }
-        Ok(listing)
-    }
-
-    /// The listing directory handle `fh` reads: taken at offset 0, kept for later offsets.
-    async fn dir_listing(&self, fh: u64, offset: u64) -> FsResult<(u64, Arc<Listing>)> {
-        let (ino, kept) = {
-            let dirs = lock(&self.inner.dirs);
-            let d = dirs.get(&fh).ok_or(Errno::EBADF)?;
-            (d.ino, d.listing.clone())
-        };
-        if let (Some(l), true) = (kept, offset > 0) {
-            return Ok((ino, l));
-        }
-        let listing = self.listing(ino).await?;
-        if let Some(d) = lock(&self.inner.dirs).get_mut(&fh) {
-            d.listing = Some(listing.clone());
-        }
-        Ok((ino, listing))
-    }
-
-    /// Entries of directory handle `fh` after `offset`: `.`, `..`, then the listing.
-    pub async fn readdir(
-        &self,
-        fh: u64,
-        offset: u64,
-        mut add: impl FnMut(&DirItem) -> bool,
-    ) -> FsResult<()> {
-        let (ino, listing) = self.dir_listing(fh, offset).await?;
-        let dir = self.dir_inode(ino)?;
-        for (n, name) in [".", ".."].into_iter().enumerate() {
-            if offset <= n as u64 {
-                let item = DirItem {
-                    ino,
-                    offset: n as u64 + 1,
-                    kind: Kind::Dir,
-                    name,
-                };
-                if add(&item) {
-                    return Ok(());
-                }
-            }
-        }
-        let dir_key = dir.key();
-        let skip = offset.saturating_sub(2) as usize;
-        for (n, e) in listing.entries.iter().enumerate().skip(skip) {
-            let key = match e.kind {
-                Kind::Dir => names::dir_key(&dir_key, &e.name),
-                Kind::File => names::file_key(&dir_key, &e.name),
-            };
-            let item = DirItem {
-                ino: self.inner.inodes.peek_ino(&key, e.kind),
-                offset: n as u64 + 3,
-                kind: e.kind,
-                name: &e.name,
-            };
-            if add(&item) {
-                return Ok(());
-            }
-        }
-        Ok(())
-    }
-
-    /// Entries with attributes of directory handle `fh` after `offset`, handed to `add` until
-    /// it reports its buffer full (returns true); each entry it accepts counts one lookup.
-    pub async fn readdirplus(
-        &self,
-        fh: u64,
-        offset: u64,
-        mut add: impl FnMut(&DirItem, &Entry) -> bool,
-    ) -> FsResult<()> {
-        let (ino, listing) = self.dir_listing(fh, offset).await?;
-        let dir = self.dir_inode(ino)?;
-        for (n, name) in [".", ".."].into_iter().enumerate() {
-            if offset <= n as u64 {
-                let item = DirItem {
-                    ino,
-                    offset: n as u64 + 1,
-                    kind: Kind::Dir,
-                    name,
-                };
-                // The kernel takes no lookup on `.` and `..`.
-                if add(&item, &self.entry(&dir)) {
-                    return Ok(());
-                }
-            }
-        }
-        let dir_key = dir.key();
-        let skip = offset.saturating_sub(2) as usize;
-        for (n, e) in listing.entries.iter().enumerate().skip(skip) {
-            let inode = match e.kind {
-                Kind::Dir => {
-                    self.inner
-                        .inodes
-                        .lookup(&names::dir_key(&dir_key, &e.name), Kind::Dir, None)
-                }
-                Kind::File => self.inner.inodes.lookup(
-                    &names::file_key(&dir_key, &e.name),
-                    Kind::File,
-                    e.meta,
-                ),
-            };
-            let item = DirItem {
-                ino: inode.ino,
-                offset: n as u64 + 3,
-                kind: e.kind,
-                name: &e.name,
-            };
-            if add(&item, &self.entry(&inode)) {
-                self.inner.inodes.forget(inode.ino, 1);
-                return Ok(());
-            }
-        }
-        Ok(())
     }
 
     /// Figures for `df`: a bucket has no fixed size, so a large constant, all free.

@@ -22,7 +22,8 @@
 use super::error::{log_err, Errno, FsResult};
 use super::inode::{Inode, ObjMeta};
 use super::staging::{StagedFile, Staging};
-use crate::config::{CacheConfig, WriteConfig};
+use super::write_budget::{permits_for, Held};
+use crate::config::WriteConfig;
 use crate::gcs::{self, AppendWriter, Client, ObjectMeta};
 use bytes::Bytes;
 use std::collections::HashMap;
@@ -31,40 +32,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 use tokio::sync::Semaphore;
 
-/// The write budget is counted in units of this many bytes (semaphore permits).
-const PERMIT_BYTES: u64 = 1024;
 /// A write waiting this long for budget makes idle writers' bytes durable.
 const IDLE_FLUSH_AFTER: Duration = Duration::from_millis(200);
-
-/// Permits of the write budget held by one writer; given back when dropped.
-struct Held {
-    budget: Arc<Semaphore>,
-    permits: u32,
-}
-
-impl Held {
-    /// Keeps just enough permits for `unpersisted` bytes.
-    fn settle(&mut self, unpersisted: u64) {
-        let need = permits_for(unpersisted).min(self.permits);
-        let extra = self.permits - need;
-        if extra > 0 {
-            self.budget.add_permits(extra as usize);
-            self.permits = need;
-        }
-    }
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        if self.permits > 0 {
-            self.budget.add_permits(self.permits as usize);
-        }
-    }
-}
-
-fn permits_for(bytes: u64) -> u32 {
-    u32::try_from(bytes.div_ceil(PERMIT_BYTES)).unwrap_or(u32::MAX)
-}
 
 enum State {
     /// An existing object of this generation, opened for writing but not written yet.
@@ -118,17 +87,6 @@ pub struct Writes {
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A poisoned lock only means another request panicked mid-update of plain data.
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// The write share of the memory budget in bytes, and the read path's configuration with
-/// what remains.
-pub fn split_budget(cache: &CacheConfig, write: &WriteConfig) -> (u64, CacheConfig) {
-    let total = cache.memory_mb.max(16);
-    let write_mb = (total * write.memory_percent.min(90) / 100).max(4);
-    let read = CacheConfig {
-        memory_mb: total.saturating_sub(write_mb).max(8),
-    };
-    (write_mb * 1024 * 1024, read)
 }
 
 /// Records `size` (and now as mtime) as the inode's current size, keeping its generation.
@@ -681,39 +639,5 @@ impl Writes {
             State::Staged(s) => Some(s.file.read_at(offset, u64::from(size)).await),
             _ => None,
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_budget_is_split_between_reads_and_writes() {
-        let (w, r) = split_budget(
-            &CacheConfig { memory_mb: 128 },
-            &WriteConfig {
-                memory_percent: 25,
-                ..WriteConfig::default()
-            },
-        );
-        assert_eq!(w, 32 * 1024 * 1024);
-        assert_eq!(r.memory_mb, 96);
-    }
-
-    #[test]
-    fn held_permits_shrink_to_what_is_unpersisted() {
-        let budget = Arc::new(Semaphore::new(100));
-        let p = budget.try_acquire_many(10).expect("permits");
-        p.forget();
-        let mut h = Held {
-            budget: budget.clone(),
-            permits: 10,
-        };
-        h.settle(3 * PERMIT_BYTES + 1);
-        assert_eq!(h.permits, 4);
-        assert_eq!(budget.available_permits(), 96);
-        drop(h);
-        assert_eq!(budget.available_permits(), 100);
     }
 }
