@@ -8,8 +8,7 @@
 //! Touches only files under the root.
 
 use super::content::{Content, Data, Segments, WriteState};
-use super::object_proto::micros;
-use super::store::{Backend, BucketState, Entry, Stamp, Store};
+use super::store::{micros, Backend, BucketState, Entry, Stamp, Store};
 use super::tree::{bucket_dirs, walk};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet};

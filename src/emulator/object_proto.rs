@@ -6,12 +6,6 @@ use crate::proto::storage::{Object, ObjectChecksums};
 use bytes::Bytes;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// Microseconds since the epoch.
-pub(crate) fn micros(t: SystemTime) -> i64 {
-    t.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as i64)
-}
-
 /// A protobuf timestamp.
 pub(crate) fn timestamp(t: SystemTime) -> prost_types::Timestamp {
     let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();

@@ -4,12 +4,11 @@
 //! Touches the backend it was given and nothing else.
 
 use super::content::{Content, ContentWriter, Data, Segments, WriteState};
-use super::object_proto::micros;
 use super::preconditions::Preconditions;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
-use std::time::SystemTime;
+use std::time::{SystemTime, UNIX_EPOCH};
 use tonic::Status;
 
 /// How a file looked on disk when last seen: (size, mtime in ns). A finalized object whose
@@ -101,6 +100,12 @@ pub(crate) trait Backend: Send + Sync {
     fn save(&self, bucket: &str, state: &BucketState) -> Result<(), Status>;
     /// How the stored bytes look now (size, mtime), if the backend can tell.
     fn stamp(&self, data: &Data) -> Option<Stamp>;
+}
+
+/// Microseconds since the epoch.
+pub(crate) fn micros(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
 }
 
 /// The object store: every bucket's index behind one lock, the backend behind it.
