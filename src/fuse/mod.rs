@@ -99,6 +99,23 @@ fn file_attr(a: &Attr) -> FileAttr {
     }
 }
 
+/// Answers a request from a runtime task, the shape of every request that may wait on the
+/// network: `call` (an `FsResult` future over the filesystem bound to `fs`) runs, is recorded
+/// in the metrics as `op`, and `ok` answers its value, or the reply carries the errno.
+macro_rules! answer_later {
+    ($adapter:expr, $op:expr, $reply:ident, |$fs:ident| $call:expr, |$value:pat_param| $ok:expr) => {{
+        let t0 = Instant::now();
+        let $fs = $adapter.fs.clone();
+        $adapter.rt.spawn(async move {
+            let result = $call.await;
+            match metered($op, t0, result, nothing) {
+                Ok($value) => $ok,
+                Err(e) => $reply.error(errno(e)),
+            }
+        });
+    }};
+}
+
 /// The open reply's flags: keep the page cache when it still holds this version; a reading
 /// handle has nothing to flush, so spare each close() of it a round trip (a DataLoader closes
 /// one file per sample).
@@ -145,26 +162,13 @@ impl FuseAdapter {
         let Some(name) = utf8(name) else {
             return reply.error(Errno::ENOENT);
         };
-        let fs = self.fs.clone();
-        let t0 = Instant::now();
-        self.rt.spawn(async move {
-            match metered(op, t0, call(fs, parent.0, name).await, nothing) {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(e)),
-            }
-        });
+        answer_later!(self, op, reply, |fs| call(fs, parent.0, name), |()| reply
+            .ok());
     }
 
     /// `flush` (each `close(2)`) and `fsync`: answered once every written byte is persisted.
     fn sync(&self, op: &'static str, fh: FileHandle, reply: ReplyEmpty) {
-        let t0 = Instant::now();
-        let fs = self.fs.clone();
-        self.rt.spawn(async move {
-            match metered(op, t0, fs.flush(fh.0).await, nothing) {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(e)),
-            }
-        });
+        answer_later!(self, op, reply, |fs| fs.flush(fh.0), |()| reply.ok());
     }
 }
 
@@ -208,13 +212,13 @@ impl Filesystem for FuseAdapter {
                 Err(e) => reply.error(errno(e)),
             };
         }
-        let fs = self.fs.clone();
-        self.rt.spawn(async move {
-            match metered("lookup", t0, fs.lookup(parent.0, &name).await, nothing) {
-                Ok(e) => reply_entry(reply, &e),
-                Err(e) => reply.error(errno(e)),
-            }
-        });
+        answer_later!(
+            self,
+            "lookup",
+            reply,
+            |fs| fs.lookup(parent.0, &name),
+            |e| { reply_entry(reply, &e) }
+        );
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
@@ -222,13 +226,8 @@ impl Filesystem for FuseAdapter {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        let t0 = Instant::now();
-        let fs = self.fs.clone();
-        self.rt.spawn(async move {
-            match metered("getattr", t0, fs.getattr(ino.0).await, nothing) {
-                Ok(a) => reply.attr(&fs.attr_ttl(), &file_attr(&a)),
-                Err(e) => reply.error(errno(e)),
-            }
+        answer_later!(self, "getattr", reply, |fs| fs.getattr(ino.0), |a| {
+            reply.attr(&fs.attr_ttl(), &file_attr(&a))
         });
     }
 
@@ -261,13 +260,8 @@ impl Filesystem for FuseAdapter {
             }),
             fh: fh.map(|f| f.0),
         };
-        let fs = self.fs.clone();
-        let t0 = Instant::now();
-        self.rt.spawn(async move {
-            match metered("setattr", t0, fs.setattr(ino.0, set).await, nothing) {
-                Ok(a) => reply.attr(&fs.attr_ttl(), &file_attr(&a)),
-                Err(e) => reply.error(errno(e)),
-            }
+        answer_later!(self, "setattr", reply, |fs| fs.setattr(ino.0, set), |a| {
+            reply.attr(&fs.attr_ttl(), &file_attr(&a))
         });
     }
 
@@ -287,18 +281,16 @@ impl Filesystem for FuseAdapter {
         let Some(name) = utf8(name) else {
             return reply.error(Errno::EINVAL);
         };
-        let fs = self.fs.clone();
-        let t0 = Instant::now();
-        self.rt.spawn(async move {
-            let created = fs.create(parent.0, &name, libc::O_EXCL).await;
-            match metered("mknod", t0, created, nothing) {
-                Ok((e, o)) => {
-                    fs.release_write(o.fh).await;
-                    reply_entry(reply, &e)
-                }
-                Err(e) => reply.error(errno(e)),
+        answer_later!(
+            self,
+            "mknod",
+            reply,
+            |fs| fs.create(parent.0, &name, libc::O_EXCL),
+            |(e, o)| {
+                fs.release_write(o.fh).await;
+                reply_entry(reply, &e)
             }
-        });
+        );
     }
 
     fn mkdir(
@@ -313,13 +305,8 @@ impl Filesystem for FuseAdapter {
         let Some(name) = utf8(name) else {
             return reply.error(Errno::EINVAL);
         };
-        let fs = self.fs.clone();
-        let t0 = Instant::now();
-        self.rt.spawn(async move {
-            match metered("mkdir", t0, fs.mkdir(parent.0, &name).await, nothing) {
-                Ok(e) => reply_entry(reply, &e),
-                Err(e) => reply.error(errno(e)),
-            }
+        answer_later!(self, "mkdir", reply, |fs| fs.mkdir(parent.0, &name), |e| {
+            reply_entry(reply, &e)
         });
     }
 
@@ -367,17 +354,13 @@ impl Filesystem for FuseAdapter {
         let (Some(name), Some(newname)) = (utf8(name), utf8(newname)) else {
             return reply.error(Errno::EINVAL);
         };
-        let fs = self.fs.clone();
-        let t0 = Instant::now();
-        self.rt.spawn(async move {
-            let renamed = fs
-                .rename(parent.0, &name, newparent.0, &newname, flags.bits())
-                .await;
-            match metered("rename", t0, renamed, nothing) {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(e)),
-            }
-        });
+        answer_later!(
+            self,
+            "rename",
+            reply,
+            |fs| fs.rename(parent.0, &name, newparent.0, &newname, flags.bits()),
+            |()| reply.ok()
+        );
     }
 
     fn link(
@@ -404,18 +387,19 @@ impl Filesystem for FuseAdapter {
                 return reply.opened(FileHandle(o.fh), open_flags(&o, false));
             }
         }
-        let fs = self.fs.clone();
-        self.rt.spawn(async move {
-            let opened = if write {
-                fs.open_write(ino.0, truncate).await
-            } else {
-                fs.open(ino.0, false, direct).await
-            };
-            match metered("open", t0, opened, nothing) {
-                Ok(o) => reply.opened(FileHandle(o.fh), open_flags(&o, write)),
-                Err(e) => reply.error(errno(e)),
-            }
-        });
+        answer_later!(
+            self,
+            "open",
+            reply,
+            |fs| async {
+                if write {
+                    fs.open_write(ino.0, truncate).await
+                } else {
+                    fs.open(ino.0, false, direct).await
+                }
+            },
+            |o| reply.opened(FileHandle(o.fh), open_flags(&o, write))
+        );
     }
 
     fn read(
@@ -532,19 +516,15 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let t0 = Instant::now();
-        let fs = self.fs.clone();
-        self.rt.spawn(async move {
-            let listed = fs
-                .readdir(fh.0, offset, |it| {
-                    reply.add(INodeNo(it.ino), it.offset, file_type(it.kind), it.name)
-                })
-                .await;
-            match metered("readdir", t0, listed, nothing) {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(e)),
-            }
-        });
+        answer_later!(
+            self,
+            "readdir",
+            reply,
+            |fs| fs.readdir(fh.0, offset, |it| {
+                reply.add(INodeNo(it.ino), it.offset, file_type(it.kind), it.name)
+            }),
+            |()| reply.ok()
+        );
     }
 
     fn readdirplus(
@@ -555,26 +535,22 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let t0 = Instant::now();
-        let fs = self.fs.clone();
-        self.rt.spawn(async move {
-            let listed = fs
-                .readdirplus(fh.0, offset, |it, e| {
-                    reply.add(
-                        INodeNo(it.ino),
-                        it.offset,
-                        it.name,
-                        &e.entry_ttl,
-                        &file_attr(&e.attr),
-                        Generation(0),
-                    )
-                })
-                .await;
-            match metered("readdirplus", t0, listed, nothing) {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(e)),
-            }
-        });
+        answer_later!(
+            self,
+            "readdirplus",
+            reply,
+            |fs| fs.readdirplus(fh.0, offset, |it, e| {
+                reply.add(
+                    INodeNo(it.ino),
+                    it.offset,
+                    it.name,
+                    &e.entry_ttl,
+                    &file_attr(&e.attr),
+                    Generation(0),
+                )
+            }),
+            |()| reply.ok()
+        );
     }
 
     fn releasedir(
@@ -667,24 +643,18 @@ impl Filesystem for FuseAdapter {
         let Some(name) = utf8(name) else {
             return reply.error(Errno::EINVAL);
         };
-        let fs = self.fs.clone();
-        let t0 = Instant::now();
-        self.rt.spawn(async move {
-            match metered(
-                "create",
-                t0,
-                fs.create(parent.0, &name, flags).await,
-                nothing,
-            ) {
-                Ok((e, o)) => reply.created(
-                    &e.entry_ttl,
-                    &file_attr(&e.attr),
-                    Generation(0),
-                    FileHandle(o.fh),
-                    FopenFlags::empty(),
-                ),
-                Err(e) => reply.error(errno(e)),
-            }
-        });
+        answer_later!(
+            self,
+            "create",
+            reply,
+            |fs| fs.create(parent.0, &name, flags),
+            |(e, o)| reply.created(
+                &e.entry_ttl,
+                &file_attr(&e.attr),
+                Generation(0),
+                FileHandle(o.fh),
+                FopenFlags::empty(),
+            )
+        );
     }
 }
