@@ -454,26 +454,9 @@ impl Session {
                 }
                 Err(s) => s,
             };
-            if self.take_redirect(&status) {
-                continue;
-            }
-            if !retry::is_transient(&status) {
-                return Err(retry::map_status(&status, &self.what));
-            }
-            if !backoff.wait().await {
-                return Err(self.gave_up(&status));
-            }
+            let redirected = self.take_redirect(&status);
+            retry::retry_after(&mut backoff, &status, redirected, &self.what).await?;
         }
-    }
-
-    fn gave_up(&self, s: &Status) -> Error {
-        Error::Unavailable(format!(
-            "{}: no progress for {}ms, giving up: {} ({:?})",
-            self.what,
-            self.client.config().retry_deadline_ms,
-            s.message(),
-            s.code()
-        ))
     }
 
     /// The task: serve commands and responses until every `BidiReader` is gone or the
@@ -621,13 +604,11 @@ impl Session {
             backoff.reset();
         }
         loop {
-            if self.redirected {
-                if Instant::now() >= backoff.deadline() {
-                    return Err(self.gave_up_last());
-                }
-            } else if !backoff.wait().await {
-                return Err(self.gave_up_last());
-            }
+            let last = self
+                .last_error
+                .clone()
+                .unwrap_or_else(|| Status::unavailable("stream broke"));
+            retry::retry_after(backoff, &last, self.redirected, &self.what).await?;
             self.redirected = false;
             self.prune_cancelled();
             if self.ranges.is_empty() {
@@ -658,14 +639,6 @@ impl Session {
                 }
             }
         }
-    }
-
-    fn gave_up_last(&self) -> Error {
-        let s = self
-            .last_error
-            .clone()
-            .unwrap_or_else(|| Status::unavailable("stream broke"));
-        self.gave_up(&s)
     }
 
     /// The session is over: every caller, present and queued, gets `e`.

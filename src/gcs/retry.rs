@@ -125,6 +125,33 @@ impl Backoff {
     }
 }
 
+/// The one retry decision of every call and stream after a failed attempt: `Ok` to try
+/// again, after the backoff's pause (none after a redirect, whose routing token the caller
+/// took), or the error to end with: the status mapped when it is not transient,
+/// `Unavailable` once the deadline leaves no room for another attempt.
+pub(crate) async fn retry_after(
+    backoff: &mut Backoff,
+    status: &Status,
+    redirected: bool,
+    what: &str,
+) -> Result<()> {
+    if redirected {
+        if Instant::now() < backoff.deadline() {
+            return Ok(());
+        }
+    } else if !is_transient(status) {
+        return Err(map_status(status, what));
+    } else if backoff.wait().await {
+        return Ok(());
+    }
+    Err(Error::Unavailable(format!(
+        "{what}: no progress for {}ms, giving up: {} ({:?})",
+        backoff.total.as_millis(),
+        status.message(),
+        status.code()
+    )))
+}
+
 /// Runs one unary call with per-attempt deadline `cfg.call_timeout_ms`, retrying transient
 /// failures with backoff until `cfg.retry_deadline_ms`. `what` names the target in errors.
 pub(crate) async fn unary<T, F, Fut>(cfg: &GcsConfig, what: &str, mut call: F) -> Result<T>
@@ -141,18 +168,8 @@ where
             Ok(Err(s)) => s,
             Err(_) => Status::deadline_exceeded(format!("no answer within {per_call:?}")),
         };
-        if !is_transient(&status) {
-            return Err(map_status(&status, what));
-        }
         attempt += 1;
-        if !backoff.wait().await {
-            return Err(Error::Unavailable(format!(
-                "{what}: gave up after {attempt} attempts in {}ms: {} ({:?})",
-                cfg.retry_deadline_ms,
-                status.message(),
-                status.code()
-            )));
-        }
+        retry_after(&mut backoff, &status, false, what).await?;
     }
 }
 
@@ -188,6 +205,30 @@ mod tests {
             map_status(&Status::unavailable("x"), "o"),
             Error::Unavailable(_)
         ));
+    }
+
+    #[tokio::test]
+    async fn one_decision_after_every_failed_attempt() {
+        let ms = Duration::from_millis;
+        let mut b = Backoff::with(ms(1), ms(2), ms(50));
+        let transient = Status::unavailable("busy");
+        assert!(retry_after(&mut b, &transient, false, "o").await.is_ok());
+        assert!(matches!(
+            retry_after(&mut b, &Status::not_found("gone"), false, "o").await,
+            Err(Error::NotFound(_))
+        ));
+        let moved = Status::aborted("moved");
+        assert!(
+            retry_after(&mut b, &moved, true, "o").await.is_ok(),
+            "a redirect: at once"
+        );
+        tokio::time::sleep(ms(60)).await;
+        for redirected in [false, true] {
+            assert!(matches!(
+                retry_after(&mut b, &transient, redirected, "o").await,
+                Err(Error::Unavailable(m)) if m.contains("giving up")
+            ));
+        }
     }
 
     fn aborted_with(type_url: &str, value: Vec<u8>) -> Status {

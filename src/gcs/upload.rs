@@ -56,17 +56,8 @@ impl Client {
                 Err(Fail::Fatal(e)) => return Err(e),
                 Err(Fail::Stream(s)) => s,
             };
-            if !retry::is_transient(&s) {
-                return Err(retry::map_status(&s, &what));
-            }
+            retry::retry_after(&mut backoff, &s, false, &what).await?;
             tracing::debug!(object = %what, code = ?s.code(), msg = s.message(), "upload restarts");
-            if !backoff.wait().await {
-                return Err(Error::Unavailable(format!(
-                    "{what}: upload gave up: {} ({:?})",
-                    s.message(),
-                    s.code()
-                )));
-            }
         }
     }
 

@@ -21,7 +21,6 @@ use bytes::Bytes;
 use futures::FutureExt;
 use std::time::Duration;
 use tokio::sync::mpsc;
-use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::codec::Streaming;
 use tonic::{Code, Status};
@@ -328,31 +327,19 @@ impl AppendWriter {
                 Err(Fail::Fatal(e)) => return Err(e),
                 Err(Fail::Stream(s)) => s,
             };
-            if let Some(r) =
-                retry::redirect_detail::<BidiWriteObjectRedirectedError>(&s, REDIRECT_TYPE)
-            {
-                if r.routing_token.is_some() {
-                    self.routing_token = r.routing_token;
-                }
-                continue;
-            }
-            if !retry::is_transient(&s) {
-                return Err(retry::map_status(&s, &self.what));
-            }
-            if !self.backoff.wait().await {
-                return Err(self.gave_up(&s));
-            }
+            // Only the routing token: a handle would turn a takeover into a mere reconnect.
+            let redirected =
+                match retry::redirect_detail::<BidiWriteObjectRedirectedError>(&s, REDIRECT_TYPE) {
+                    Some(r) => {
+                        if r.routing_token.is_some() {
+                            self.routing_token = r.routing_token;
+                        }
+                        true
+                    }
+                    None => false,
+                };
+            retry::retry_after(&mut self.backoff, &s, redirected, &self.what).await?;
         }
-    }
-
-    fn gave_up(&self, s: &Status) -> Error {
-        Error::Unavailable(format!(
-            "{}: no progress for {}ms, giving up: {} ({:?})",
-            self.what,
-            self.client.config().retry_deadline_ms,
-            s.message(),
-            s.code()
-        ))
     }
 
     /// Learns what a response says: handle, persisted size, resource.
@@ -597,20 +584,12 @@ impl AppendWriter {
         }
         loop {
             let redirected = self.take_redirect(&s);
-            if !redirected {
-                if s.code() == Code::FailedPrecondition {
-                    let e = Error::Fenced(format!("{}: {}", self.what, s.message()));
-                    return Err(self.die(e));
-                }
-                if !retry::is_transient(&s) {
-                    return Err(self.die(retry::map_status(&s, &self.what)));
-                }
-                if !self.backoff.wait().await {
-                    let e = self.gave_up(&s);
-                    return Err(self.die(e));
-                }
-            } else if Instant::now() >= self.backoff.deadline() {
-                let e = self.gave_up(&s);
+            if !redirected && s.code() == Code::FailedPrecondition {
+                let e = Error::Fenced(format!("{}: {}", self.what, s.message()));
+                return Err(self.die(e));
+            }
+            if let Err(e) = retry::retry_after(&mut self.backoff, &s, redirected, &self.what).await
+            {
                 return Err(self.die(e));
             }
             tracing::debug!(object = %self.what, code = ?s.code(), msg = s.message(), "reopening write stream");
