@@ -10,6 +10,7 @@
 mod counters;
 mod dir;
 mod error;
+mod handles;
 mod inode;
 mod list_parallel;
 mod names;
@@ -27,7 +28,6 @@ mod write_ops;
 pub use error::{Errno, FsResult};
 pub use inode::{Kind, ROOT_INO};
 pub use prefetch::{PrefetchStats, Progress};
-use readdir::DirHandle;
 pub use readdir::DirItem;
 pub use write_ops::SetAttr;
 
@@ -37,9 +37,8 @@ use bytes::Bytes;
 use dir::{merge, ListOptions, Listing, ShadowWarnings};
 use inode::{Inode, InodeTable, ObjMeta};
 use list_parallel::list_request;
-use read::{Handle, ReadPath};
+use read::ReadPath;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
@@ -148,9 +147,7 @@ struct Inner {
     negative_ttl: Duration,
     warnings: ShadowWarnings,
     reads: ReadPath,
-    files: Mutex<HashMap<u64, Arc<Handle>>>,
-    dirs: Mutex<HashMap<u64, DirHandle>>,
-    next_fh: AtomicU64,
+    handles: handles::Handles,
     writes: write::Writes,
     read_only: bool,
     prefetch: prefetch::Prefetch,
@@ -213,9 +210,7 @@ impl Fs {
                 negative: ttl_cache(ms(fs.negative_ttl_ms), 100_000),
                 negative_ttl: ms(fs.negative_ttl_ms),
                 warnings: ShadowWarnings::default(),
-                files: Mutex::new(HashMap::new()),
-                dirs: Mutex::new(HashMap::new()),
-                next_fh: AtomicU64::new(1),
+                handles: handles::Handles::new(),
             }),
         }
     }
@@ -545,20 +540,18 @@ impl Fs {
         let key = inode.key();
         let handle = Arc::new(self.inner.reads.open(&key, meta, direct));
         self.prefetch_on_open(&key);
-        let fh = self.inner.next_fh.fetch_add(1, Ordering::Relaxed);
-        lock(&self.inner.files).insert(fh, handle);
+        let fh = self.inner.handles.add_file(handle);
         Opened { fh, keep_cache }
     }
 
     /// Reads up to `size` bytes at `offset` of open file `fh`, from the version it opened.
     pub async fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Bytes> {
-        if let Some(staged) = self.inner.writes.read_staged(fh, offset, size).await {
-            return staged;
+        if let Some(fw) = self.inner.handles.writer(fh) {
+            if let Some(staged) = self.inner.writes.read_staged(&fw, offset, size).await {
+                return staged;
+            }
         }
-        let mut handle = lock(&self.inner.files)
-            .get(&fh)
-            .cloned()
-            .ok_or(Errno::EBADF)?;
+        let mut handle = self.inner.handles.read_side(fh).ok_or(Errno::EBADF)?;
         if offset.saturating_add(u64::from(size)) > handle.size() {
             handle = self.catch_up(fh, handle).await?;
         }
@@ -576,13 +569,17 @@ impl Fs {
 
     /// True when handle `fh` writes (its release has a stream to end).
     pub fn is_writer(&self, fh: u64) -> bool {
-        self.inner.writes.is_writer(fh)
+        self.inner.handles.writer(fh).is_some()
     }
 
-    /// Closes file handle `fh`; its streams stay warm a while.
+    /// Closes reading handle `fh`; its streams stay warm a while. A writing handle has a
+    /// stream to end: it closes with `release_write`.
     pub fn release(&self, fh: u64) {
-        if let Some(h) = lock(&self.inner.files).remove(&fh) {
-            self.inner.reads.release(&h);
+        if self.is_writer(fh) {
+            return;
+        }
+        if let Some((read, _)) = self.inner.handles.remove_file(fh) {
+            self.inner.reads.release(&read);
         }
     }
 

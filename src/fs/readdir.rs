@@ -1,11 +1,10 @@
 //! Directory handles: `opendir`, `readdir` and `readdirplus` over the listing a handle
 //! takes at its first read from offset 0 (so a directory read in several calls sees one
-//! consistent listing), and `releasedir`.
+//! consistent listing; the handle table keeps it), and `releasedir`.
 
 use super::dir::{list_dir, Listing};
 use super::error::{self, Errno, FsResult};
-use super::{lock, names, Entry, Fs, Kind};
-use std::sync::atomic::Ordering;
+use super::{names, Entry, Fs, Kind};
 use std::sync::Arc;
 
 /// One entry of a directory read, borrowing its name from the listing.
@@ -21,24 +20,16 @@ pub struct DirItem<'a> {
     pub name: &'a str,
 }
 
-/// An open directory: the listing it reads, taken at the first read from offset 0.
-pub(super) struct DirHandle {
-    pub(super) ino: u64,
-    pub(super) listing: Option<Arc<Listing>>,
-}
-
 impl Fs {
     /// Opens directory `ino` for reading.
     pub fn opendir(&self, ino: u64) -> FsResult<u64> {
         self.dir_inode(ino)?;
-        let fh = self.inner.next_fh.fetch_add(1, Ordering::Relaxed);
-        lock(&self.inner.dirs).insert(fh, DirHandle { ino, listing: None });
-        Ok(fh)
+        Ok(self.inner.handles.add_dir(ino))
     }
 
     /// Closes directory handle `fh`.
     pub fn releasedir(&self, fh: u64) {
-        lock(&self.inner.dirs).remove(&fh);
+        self.inner.handles.remove_dir(fh);
     }
 
     /// The listing of directory `ino`: the cached one while fresh, else listed again.
@@ -66,18 +57,12 @@ impl Fs {
 
     /// The listing directory handle `fh` reads: taken at offset 0, kept for later offsets.
     async fn dir_listing(&self, fh: u64, offset: u64) -> FsResult<(u64, Arc<Listing>)> {
-        let (ino, kept) = {
-            let dirs = lock(&self.inner.dirs);
-            let d = dirs.get(&fh).ok_or(Errno::EBADF)?;
-            (d.ino, d.listing.clone())
-        };
+        let (ino, kept) = self.inner.handles.dir(fh).ok_or(Errno::EBADF)?;
         if let (Some(l), true) = (kept, offset > 0) {
             return Ok((ino, l));
         }
         let listing = self.listing(ino).await?;
-        if let Some(d) = lock(&self.inner.dirs).get_mut(&fh) {
-            d.listing = Some(listing.clone());
-        }
+        self.inner.handles.set_dir_listing(fh, listing.clone());
         Ok((ino, listing))
     }
 

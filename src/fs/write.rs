@@ -67,7 +67,14 @@ pub struct FileWriter {
     state: tokio::sync::Mutex<State>,
 }
 
-/// Every writer of the mount, the write budget and the handles that write.
+impl FileWriter {
+    /// The inode it writes, and its size as written through this mount so far.
+    pub fn written(&self) -> (Arc<Inode>, u64) {
+        (self.inode.clone(), self.size.load(Ordering::Acquire))
+    }
+}
+
+/// Every writer of the mount (one per inode, shared by its writing handles) and the budget.
 pub struct Writes {
     client: Client,
     bucket: Arc<str>,
@@ -77,7 +84,6 @@ pub struct Writes {
     staging: Staging,
     /// Writer of each inode and the number of handles writing it.
     by_ino: Mutex<HashMap<u64, (Arc<FileWriter>, usize)>>,
-    by_fh: Mutex<HashMap<u64, Arc<FileWriter>>>,
     /// Set when the daemon stops: every write passes this gate, so closing it waits for the
     /// writes in flight and refuses later ones, and flushing the writers then covers every
     /// write the kernel was told succeeded.
@@ -110,15 +116,14 @@ impl Writes {
             budget_permits: permits,
             staging: Staging::new(cfg),
             by_ino: Mutex::new(HashMap::new()),
-            by_fh: Mutex::new(HashMap::new()),
             stopped: tokio::sync::RwLock::new(false),
         }
     }
 
-    /// Registers handle `fh` as a writer of `inode`: joins the inode's writer if it has one,
-    /// else starts one from `start` (a fresh stream, or the generation to take over later).
-    fn attach(&self, fh: u64, inode: &Arc<Inode>, start: impl FnOnce() -> (State, u64)) {
-        let fw = {
+    /// One more handle writes `inode`: it joins the inode's writer if it has one, else
+    /// starts one from `start` (a fresh stream, or the generation to take over later).
+    fn attach(&self, inode: &Arc<Inode>, start: impl FnOnce() -> (State, u64)) -> Arc<FileWriter> {
+        {
             let mut by_ino = lock(&self.by_ino);
             let entry = by_ino.entry(inode.ino).or_insert_with(|| {
                 let (state, size) = start();
@@ -132,14 +137,13 @@ impl Writes {
             });
             entry.1 += 1;
             entry.0.clone()
-        };
-        lock(&self.by_fh).insert(fh, fw);
+        }
     }
 
-    /// Handle `fh` writes the object just created as `inode` through `w`.
-    pub fn attach_created(&self, fh: u64, inode: &Arc<Inode>, w: AppendWriter) {
+    /// A handle writes the object just created as `inode` through `w`.
+    pub fn attach_created(&self, inode: &Arc<Inode>, w: AppendWriter) -> Arc<FileWriter> {
         let held = self.held(0);
-        self.attach(fh, inode, move || {
+        self.attach(inode, move || {
             (
                 State::Open {
                     w: Box::new(w),
@@ -147,13 +151,18 @@ impl Writes {
                 },
                 0,
             )
-        });
+        })
     }
 
-    /// Handle `fh` may write the existing object `inode` (generation `generation`, `size`
+    /// A handle may write the existing object `inode` (generation `generation`, `size`
     /// bytes); the takeover waits for its first write.
-    pub fn attach_existing(&self, fh: u64, inode: &Arc<Inode>, generation: i64, size: u64) {
-        self.attach(fh, inode, || (State::Idle { generation }, size));
+    pub fn attach_existing(
+        &self,
+        inode: &Arc<Inode>,
+        generation: i64,
+        size: u64,
+    ) -> Arc<FileWriter> {
+        self.attach(inode, || (State::Idle { generation }, size))
     }
 
     fn held(&self, permits: u32) -> Held {
@@ -174,29 +183,19 @@ impl Writes {
         })
     }
 
-    /// The inode handle `fh` writes, and its size as written through this mount so far.
-    pub fn written(&self, fh: u64) -> Option<(Arc<Inode>, u64)> {
-        self.writer(fh)
-            .map(|fw| (fw.inode.clone(), fw.size.load(Ordering::Acquire)))
-    }
-
     /// Whether `ino` has a writer on this mount.
     pub fn is_writing(&self, ino: u64) -> bool {
         lock(&self.by_ino).contains_key(&ino)
     }
 
-    fn writer(&self, fh: u64) -> Option<Arc<FileWriter>> {
-        lock(&self.by_fh).get(&fh).cloned()
-    }
-
-    /// Writes `data` at `offset` through handle `fh`: an append at the end streams, anything
-    /// else goes to a staged copy. EIO once the writes are stopped.
-    pub async fn write(&self, fh: u64, offset: u64, data: Bytes) -> FsResult<u32> {
+    /// Writes `data` at `offset` through `fw`: an append at the end streams, anything else
+    /// goes to a staged copy. EIO once the writes are stopped.
+    pub async fn write(&self, fw: &Arc<FileWriter>, offset: u64, data: Bytes) -> FsResult<u32> {
         let stopped = self.stopped.read().await;
         if *stopped {
             return Err(Errno::EIO);
         }
-        self.write_through(fh, offset, data).await
+        self.write_through(fw, offset, data).await
     }
 
     /// Refuses writes from now on (EIO), waits for those in flight, and makes every byte
@@ -213,26 +212,25 @@ impl Writes {
             .map(|(fw, _)| fw.clone())
             .collect();
         for fw in writers {
-            if let Err(e) = self.flush_writer(&fw).await {
+            if let Err(e) = self.flush(&fw).await {
                 tracing::error!(key = %fw.inode.key(), errno = e.0, "making written bytes durable failed");
             }
         }
     }
 
-    async fn write_through(&self, fh: u64, offset: u64, data: Bytes) -> FsResult<u32> {
-        let fw = self.writer(fh).ok_or(Errno::EBADF)?;
+    async fn write_through(&self, fw: &Arc<FileWriter>, offset: u64, data: Bytes) -> FsResult<u32> {
         let len = u32::try_from(data.len()).map_err(|_| Errno::EINVAL)?;
         let key = fw.inode.key();
         let mut st = fw.state.lock().await;
         if let State::Idle { generation } = *st {
-            *st = match self.take_over(&fw, generation, offset).await {
+            *st = match self.take_over(fw, generation, offset).await {
                 Ok(next) => next,
                 Err(e) => State::Failed(e),
             };
         }
         if let State::Open { w, .. } = &*st {
             if offset != w.written() {
-                let next = self.stage_stream(&fw, &mut st, None).await;
+                let next = self.stage_stream(fw, &mut st, None).await;
                 *st = next;
             }
         }
@@ -267,10 +265,9 @@ impl Writes {
         }
     }
 
-    /// Sets the size of the file written through handle `fh` to `size` (truncate or extend),
-    /// staging it unless the size stays the same.
-    pub async fn set_size(&self, fh: u64, size: u64) -> FsResult<()> {
-        let fw = self.writer(fh).ok_or(Errno::EBADF)?;
+    /// Sets the size of the file `fw` writes to `size` (truncate or extend), staging it
+    /// unless the size stays the same.
+    pub async fn set_size(&self, fw: &Arc<FileWriter>, size: u64) -> FsResult<()> {
         let key = fw.inode.key();
         let mut st = fw.state.lock().await;
         let next = match &mut *st {
@@ -287,14 +284,14 @@ impl Writes {
                 if w.written() == size {
                     return Ok(());
                 }
-                self.stage_stream(&fw, &mut st, Some(size)).await
+                self.stage_stream(fw, &mut st, Some(size)).await
             }
-            State::Staged(_) => return self.resize_staged(&fw, &mut st, size, &key).await,
+            State::Staged(_) => return self.resize_staged(fw, &mut st, size, &key).await,
             State::Failed(e) => return Err(*e),
             State::Done => return Err(Errno::EBADF),
         };
         *st = next;
-        self.resize_staged(&fw, &mut st, size, &key).await
+        self.resize_staged(fw, &mut st, size, &key).await
     }
 
     async fn resize_staged(
@@ -449,16 +446,8 @@ impl Writes {
         }
     }
 
-    /// Returns once every byte written through handle `fh`'s writer is persisted (fsync and
-    /// close); handles that do not write have nothing to do.
-    pub async fn flush(&self, fh: u64) -> FsResult<()> {
-        match self.writer(fh) {
-            Some(fw) => self.flush_writer(&fw).await,
-            None => Ok(()),
-        }
-    }
-
-    async fn flush_writer(&self, fw: &FileWriter) -> FsResult<()> {
+    /// Returns once every byte written through `fw` is persisted (fsync and close).
+    pub async fn flush(&self, fw: &FileWriter) -> FsResult<()> {
         let mut st = fw.state.lock().await;
         match &mut *st {
             State::Staged(s) if s.dirty => {
@@ -491,25 +480,18 @@ impl Writes {
         lock(&self.by_ino).contains_key(&ino)
     }
 
-    /// True when handle `fh` writes.
-    pub fn is_writer(&self, fh: u64) -> bool {
-        lock(&self.by_fh).contains_key(&fh)
-    }
-
     /// Makes the service hold everything written to `ino` so far, so a new reader sees it.
     pub async fn settle(&self, ino: u64) -> FsResult<()> {
         let fw = lock(&self.by_ino).get(&ino).map(|(fw, _)| fw.clone());
         match fw {
-            Some(fw) => self.flush_writer(&fw).await,
+            Some(fw) => self.flush(&fw).await,
             None => Ok(()),
         }
     }
 
-    /// Handle `fh` is closed; the last writing handle of an inode ends its stream (and
-    /// finalizes the object with `write.finalize_on_close`). The inode `fh` wrote, if it was
-    /// a writer.
-    pub async fn release(&self, fh: u64) -> Option<Arc<Inode>> {
-        let fw = lock(&self.by_fh).remove(&fh)?;
+    /// A handle writing through `fw` is closed; the last writing handle of an inode ends its
+    /// stream (and finalizes the object with `write.finalize_on_close`). The inode it wrote.
+    pub async fn release(&self, fw: Arc<FileWriter>) -> Arc<Inode> {
         let last = {
             let mut by_ino = lock(&self.by_ino);
             match by_ino.get_mut(&fw.inode.ino) {
@@ -525,7 +507,7 @@ impl Writes {
             }
         };
         if !last {
-            return Some(fw.inode.clone());
+            return fw.inode.clone();
         }
         let state = std::mem::replace(&mut *fw.state.lock().await, State::Done);
         let (w, held) = match state {
@@ -535,9 +517,9 @@ impl Writes {
                 if s.dirty {
                     let _ = self.upload(&fw, &mut s).await;
                 }
-                return Some(fw.inode.clone());
+                return fw.inode.clone();
             }
-            _ => return Some(fw.inode.clone()),
+            _ => return fw.inode.clone(),
         };
         let key = &*fw.inode.key();
         let w = *w;
@@ -553,7 +535,7 @@ impl Writes {
                 log_err("close", key, &e);
             }
         }
-        Some(fw.inode.clone())
+        fw.inode.clone()
     }
 }
 
@@ -630,10 +612,14 @@ impl Writes {
             })
     }
 
-    /// The bytes at `offset` of the staged copy written through handle `fh`, when its file is
-    /// staged (`None`: read the object).
-    pub async fn read_staged(&self, fh: u64, offset: u64, size: u32) -> Option<FsResult<Bytes>> {
-        let fw = self.writer(fh)?;
+    /// The bytes at `offset` of the staged copy `fw` writes, when its file is staged
+    /// (`None`: read the object).
+    pub async fn read_staged(
+        &self,
+        fw: &FileWriter,
+        offset: u64,
+        size: u32,
+    ) -> Option<FsResult<Bytes>> {
         let st = fw.state.lock().await;
         match &*st {
             State::Staged(s) => Some(s.file.read_at(offset, u64::from(size)).await),

@@ -4,9 +4,8 @@
 
 use super::error::{log_err, Errno, FsResult};
 use super::inode::{Inode, Kind, ObjMeta};
-use super::{lock, names, read, Attr, Entry, Fs, Opened};
+use super::{names, read, Attr, Entry, Fs, Opened};
 use bytes::Bytes;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -72,9 +71,10 @@ impl Fs {
         };
         let inode = i.inodes.lookup(&key, Kind::File, Some(meta));
         inode.note_open(meta.identity(), i.prefetch.open_clock(0));
-        let fh = i.next_fh.fetch_add(1, Ordering::Relaxed);
-        lock(&i.files).insert(fh, Arc::new(i.reads.open(&key, &meta, false)));
-        i.writes.attach_created(fh, &inode, w);
+        let fh = i
+            .handles
+            .add_file(Arc::new(i.reads.open(&key, &meta, false)));
+        i.handles.set_writer(fh, i.writes.attach_created(&inode, w));
         Ok((
             self.entry(&inode),
             Opened {
@@ -94,10 +94,13 @@ impl Fs {
         let Some(meta) = inode.meta().0 else {
             return Err(Errno::EIO);
         };
-        let writes = &self.inner.writes;
-        writes.attach_existing(opened.fh, &inode, meta.generation, meta.size);
+        let fw = self
+            .inner
+            .writes
+            .attach_existing(&inode, meta.generation, meta.size);
+        self.inner.handles.set_writer(opened.fh, fw.clone());
         if truncate {
-            if let Err(e) = writes.set_size(opened.fh, 0).await {
+            if let Err(e) = self.inner.writes.set_size(&fw, 0).await {
                 self.release_write(opened.fh).await;
                 return Err(e);
             }
@@ -111,7 +114,8 @@ impl Fs {
     /// Writes `data` at `offset` of handle `fh`: appends stream, anything else is staged.
     pub async fn write(&self, fh: u64, offset: u64, data: Bytes) -> FsResult<u32> {
         self.writable()?;
-        self.inner.writes.write(fh, offset, data).await
+        let fw = self.inner.handles.writer(fh).ok_or(Errno::EBADF)?;
+        self.inner.writes.write(&fw, offset, data).await
     }
 
     /// A read-write handle reading past the size its read side opened at may be reading its
@@ -124,18 +128,19 @@ impl Fs {
         handle: Arc<read::Handle>,
     ) -> FsResult<Arc<read::Handle>> {
         let i = &self.inner;
-        let Some((inode, written)) = i.writes.written(fh) else {
+        let Some(fw) = i.handles.writer(fh) else {
             return Ok(handle);
         };
+        let (inode, written) = fw.written();
         if written <= handle.size() {
             return Ok(handle);
         }
-        i.writes.flush(fh).await?;
+        i.writes.flush(&fw).await?;
         let Some(meta) = inode.meta().0 else {
             return Ok(handle);
         };
         let fresh = Arc::new(i.reads.open(&inode.key(), &meta, handle.direct()));
-        if let Some(old) = lock(&i.files).insert(fh, fresh.clone()) {
+        if let Some(old) = i.handles.replace_read_side(fh, fresh.clone()) {
             i.reads.release(&old);
         }
         Ok(fresh)
@@ -162,14 +167,21 @@ impl Fs {
 
     /// `close(2)` and `fsync(2)`: returns once the service persisted every byte written.
     pub async fn flush(&self, fh: u64) -> FsResult<()> {
-        self.inner.writes.flush(fh).await
+        match self.inner.handles.writer(fh) {
+            Some(fw) => self.inner.writes.flush(&fw).await,
+            None => Ok(()),
+        }
     }
 
     /// Ends handle `fh`: its read side at once, its write stream when it was the last.
     pub async fn release_write(&self, fh: u64) {
-        self.release(fh);
+        let Some((read, writer)) = self.inner.handles.remove_file(fh) else {
+            return;
+        };
+        self.inner.reads.release(&read);
         // The listing of the file's directory, taken while it grew, holds an old size.
-        if let Some(inode) = self.inner.writes.release(fh).await {
+        if let Some(fw) = writer {
+            let inode = self.inner.writes.release(fw).await;
             self.listing_changed(&inode);
         }
     }
@@ -209,8 +221,9 @@ impl Fs {
             return Err(Errno::EISDIR);
         }
         let writes = &self.inner.writes;
-        if let Some(fh) = fh.filter(|_| writes.is_writing(ino)) {
-            match writes.set_size(fh, size).await {
+        let own = fh.and_then(|fh| self.inner.handles.writer(fh));
+        if let Some(fw) = own.filter(|_| writes.is_writing(ino)) {
+            match writes.set_size(&fw, size).await {
                 Err(Errno::EBADF) => {}
                 done => return done,
             }
@@ -221,17 +234,16 @@ impl Fs {
         // uploads at once.
         let had_writer = writes.is_writing(ino);
         let meta = self.fresh_meta(&inode).await?;
-        let fh = self.inner.next_fh.fetch_add(1, Ordering::Relaxed);
-        writes.attach_existing(fh, &inode, meta.generation, meta.size);
+        let fw = writes.attach_existing(&inode, meta.generation, meta.size);
         let resized = async {
-            writes.set_size(fh, size).await?;
+            writes.set_size(&fw, size).await?;
             if !had_writer {
-                writes.flush(fh).await?;
+                writes.flush(&fw).await?;
             }
             Ok(())
         }
         .await;
-        writes.release(fh).await;
+        writes.release(fw).await;
         self.listing_changed(&inode);
         resized
     }

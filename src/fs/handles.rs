@@ -1,0 +1,125 @@
+//! The one table of open handles, shared by the read and write paths: a file handle's read
+//! side (pinned to the version it opened) and, when it writes, the writer it shares with the
+//! other writing handles of its inode; a directory handle's cursor (the listing it reads).
+
+use super::dir::Listing;
+use super::read::Handle as ReadSide;
+use super::write::FileWriter;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// What a handle number stands for.
+enum Open {
+    File {
+        read: Arc<ReadSide>,
+        writer: Option<Arc<FileWriter>>,
+    },
+    Dir {
+        ino: u64,
+        listing: Option<Arc<Listing>>,
+    },
+}
+
+/// Every open handle of the mount.
+pub(super) struct Handles {
+    next: AtomicU64,
+    open: Mutex<HashMap<u64, Open>>,
+}
+
+impl Handles {
+    /// No handle open yet; numbers start at 1.
+    pub(super) fn new() -> Handles {
+        Handles {
+            next: AtomicU64::new(1),
+            open: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn table(&self) -> MutexGuard<'_, HashMap<u64, Open>> {
+        // A poisoned lock only means another request panicked mid-update of plain data.
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn add(&self, open: Open) -> u64 {
+        let fh = self.next.fetch_add(1, Ordering::Relaxed);
+        self.table().insert(fh, open);
+        fh
+    }
+
+    /// Opens a file handle reading through `read`; returns its number.
+    pub(super) fn add_file(&self, read: Arc<ReadSide>) -> u64 {
+        self.add(Open::File { read, writer: None })
+    }
+
+    /// Opens a directory handle of `ino`; returns its number.
+    pub(super) fn add_dir(&self, ino: u64) -> u64 {
+        self.add(Open::Dir { ino, listing: None })
+    }
+
+    /// The read side of file handle `fh`.
+    pub(super) fn read_side(&self, fh: u64) -> Option<Arc<ReadSide>> {
+        match self.table().get(&fh) {
+            Some(Open::File { read, .. }) => Some(read.clone()),
+            _ => None,
+        }
+    }
+
+    /// Gives file handle `fh` a new read side; returns the one it replaces.
+    pub(super) fn replace_read_side(&self, fh: u64, new: Arc<ReadSide>) -> Option<Arc<ReadSide>> {
+        match self.table().get_mut(&fh) {
+            Some(Open::File { read, .. }) => Some(std::mem::replace(read, new)),
+            _ => None,
+        }
+    }
+
+    /// The writer of file handle `fh`, when it writes.
+    pub(super) fn writer(&self, fh: u64) -> Option<Arc<FileWriter>> {
+        match self.table().get(&fh) {
+            Some(Open::File { writer, .. }) => writer.clone(),
+            _ => None,
+        }
+    }
+
+    /// File handle `fh` writes through `w`.
+    pub(super) fn set_writer(&self, fh: u64, w: Arc<FileWriter>) {
+        if let Some(Open::File { writer, .. }) = self.table().get_mut(&fh) {
+            *writer = Some(w);
+        }
+    }
+
+    /// Closes file handle `fh`: its read side, and its writer when it wrote.
+    pub(super) fn remove_file(&self, fh: u64) -> Option<(Arc<ReadSide>, Option<Arc<FileWriter>>)> {
+        let mut table = self.table();
+        match table.get(&fh) {
+            Some(Open::File { .. }) => match table.remove(&fh) {
+                Some(Open::File { read, writer }) => Some((read, writer)),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// The directory handle `fh`'s inode and the listing it took, if any yet.
+    pub(super) fn dir(&self, fh: u64) -> Option<(u64, Option<Arc<Listing>>)> {
+        match self.table().get(&fh) {
+            Some(Open::Dir { ino, listing }) => Some((*ino, listing.clone())),
+            _ => None,
+        }
+    }
+
+    /// Directory handle `fh` reads `l` from now on.
+    pub(super) fn set_dir_listing(&self, fh: u64, l: Arc<Listing>) {
+        if let Some(Open::Dir { listing, .. }) = self.table().get_mut(&fh) {
+            *listing = Some(l);
+        }
+    }
+
+    /// Closes directory handle `fh`.
+    pub(super) fn remove_dir(&self, fh: u64) {
+        let mut table = self.table();
+        if let Some(Open::Dir { .. }) = table.get(&fh) {
+            table.remove(&fh);
+        }
+    }
+}
