@@ -1,11 +1,15 @@
 //! Filesystem semantics over `gcs`: inodes, directories, readers with read-ahead, errors to
-//! errno. Never names fuser: `fuse.rs` translates kernel requests into calls on [`Fs`] and its
+//! errno. Never names fuser: `fuse/` translates kernel requests into calls on [`Fs`] and its
 //! answers back.
 //!
-//! Metadata caches, each with its TTL from `[fs]`: file metadata on the inode (`stat_ttl_ms`),
-//! whole directory listings (`list_ttl_ms`, also answering lookups in a listed directory), and
-//! names found missing (`negative_ttl_ms`). The kernel's own entry and attribute caches get
-//! `kernel_entry_ttl_ms` and `kernel_attr_ttl_ms`.
+//! [`Fs`] holds three parts and the operations over them: the superblock (`superblock.rs`:
+//! inodes, listings, negative entries, their TTLs; lookups; change events), the handle table
+//! (`handles.rs`: each open handle's read side, writer or directory cursor), and the data
+//! paths (`read.rs`, `write.rs`). Metadata caches, each with its TTL from `[fs]`: file
+//! metadata on the inode (`stat_ttl_ms`), whole directory listings (`list_ttl_ms`, also
+//! answering lookups in a listed directory), and names found missing (`negative_ttl_ms`). The
+//! kernel's own entry and attribute caches get `kernel_entry_ttl_ms` and
+//! `kernel_attr_ttl_ms`.
 
 mod counters;
 mod dir;
@@ -21,6 +25,7 @@ mod read;
 mod readdir;
 mod seq;
 mod staging;
+mod superblock;
 mod write;
 mod write_budget;
 mod write_ops;
@@ -34,11 +39,9 @@ pub use write_ops::SetAttr;
 use crate::config::Config;
 use crate::gcs::{self, Client};
 use bytes::Bytes;
-use dir::{merge, ListOptions, Listing, ShadowWarnings};
-use inode::{Inode, InodeTable, ObjMeta};
+use inode::{Inode, ObjMeta};
 use list_parallel::list_request;
 use read::ReadPath;
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
@@ -129,23 +132,10 @@ struct Inner {
     file_mode: u16,
     dir_mode: u16,
     mounted_at: SystemTime,
-    stat_ttl: Duration,
     entry_ttl: Duration,
     attr_ttl: Duration,
-    root_key: String,
-    inodes: InodeTable,
-    /// Listings by directory key (not inode: prefetch lists directories the kernel has not
-    /// looked up yet).
-    listings: Option<moka::sync::Cache<String, Arc<Listing>>>,
-    /// Directories found to hold more than one page: lookups in them do not list them.
-    large_dirs: Option<moka::sync::Cache<String, ()>>,
-    /// `whole_listing` calls in flight, by directory key.
-    listing_now: Mutex<HashMap<String, ListingCall>>,
-    list_options: ListOptions,
-    negative: Option<moka::sync::Cache<(u64, String), ()>>,
-    /// How long a name found missing stays missing, in the negative cache or in a listing.
-    negative_ttl: Duration,
-    warnings: ShadowWarnings,
+    /// Inodes, listings, negative entries: everything known of names.
+    sb: superblock::Superblock,
     reads: ReadPath,
     handles: handles::Handles,
     writes: write::Writes,
@@ -153,26 +143,9 @@ struct Inner {
     prefetch: prefetch::Prefetch,
 }
 
-/// One directory's `whole_listing` call, shared by everyone who wants it while it runs.
-type ListingCall = Arc<tokio::sync::OnceCell<Option<Arc<Listing>>>>;
-
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A poisoned lock only means another request panicked mid-update of plain data.
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// A TTL cache, or none when the TTL is zero (nothing is cached).
-fn ttl_cache<K, V>(ttl: Duration, capacity: u64) -> Option<moka::sync::Cache<K, V>>
-where
-    K: std::hash::Hash + Eq + Send + Sync + 'static,
-    V: Clone + Send + Sync + 'static,
-{
-    (!ttl.is_zero()).then(|| {
-        moka::sync::Cache::builder()
-            .max_capacity(capacity)
-            .time_to_live(ttl)
-            .build()
-    })
 }
 
 impl Fs {
@@ -180,7 +153,6 @@ impl Fs {
     pub fn new(client: Client, bucket: &str, cfg: &Config) -> Fs {
         let ms = Duration::from_millis;
         let fs = &cfg.fs;
-        let root = names::dir_prefix(fs.only_dir.as_deref());
         // SAFETY: getuid and getgid cannot fail and touch no memory.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
         let (write_budget, read_cache) = write_budget::split_budget(&cfg.cache, &cfg.write);
@@ -191,6 +163,7 @@ impl Fs {
                 reads,
                 writes: write::Writes::new(client.clone(), bucket, &cfg.write, write_budget),
                 read_only: fs.read_only,
+                sb: superblock::Superblock::new(client.clone(), bucket, fs),
                 client,
                 bucket: bucket.to_string(),
                 uid: fs.uid.unwrap_or(uid),
@@ -198,18 +171,8 @@ impl Fs {
                 file_mode: (fs.file_mode & 0o7777) as u16,
                 dir_mode: (fs.dir_mode & 0o7777) as u16,
                 mounted_at: SystemTime::now(),
-                stat_ttl: ms(fs.stat_ttl_ms),
                 entry_ttl: ms(fs.kernel_entry_ttl_ms),
                 attr_ttl: ms(fs.kernel_attr_ttl_ms),
-                inodes: InodeTable::new(root.clone()),
-                root_key: root,
-                listings: ttl_cache(ms(fs.list_ttl_ms), 4096),
-                large_dirs: ttl_cache(ms(fs.list_ttl_ms), 4096),
-                listing_now: Mutex::new(HashMap::new()),
-                list_options: ListOptions::from_config(fs),
-                negative: ttl_cache(ms(fs.negative_ttl_ms), 100_000),
-                negative_ttl: ms(fs.negative_ttl_ms),
-                warnings: ShadowWarnings::default(),
                 handles: handles::Handles::new(),
             }),
         }
@@ -219,21 +182,20 @@ impl Fs {
     pub async fn check_bucket(&self) -> gcs::Result<()> {
         self.inner
             .client
-            .list_page(&self.inner.bucket, &list_request(&self.inner.root_key, 1))
+            .list_page(
+                &self.inner.bucket,
+                &list_request(&self.inner.sb.root_key, 1),
+            )
             .await
             .map(|_| ())
     }
 
     fn inode(&self, ino: u64) -> FsResult<Arc<Inode>> {
-        self.inner.inodes.get(ino).ok_or(Errno::ENOENT)
+        self.inner.sb.inode(ino)
     }
 
     fn dir_inode(&self, ino: u64) -> FsResult<Arc<Inode>> {
-        let inode = self.inode(ino)?;
-        if inode.kind != Kind::Dir {
-            return Err(Errno::ENOTDIR);
-        }
-        Ok(inode)
+        self.inner.sb.dir_inode(ino)
     }
 
     fn attr_of(&self, inode: &Inode, meta: Option<ObjMeta>) -> Attr {
@@ -291,209 +253,27 @@ impl Fs {
 
     /// Resolves `name` in directory `parent`, counting one kernel lookup on the result.
     pub async fn lookup(&self, parent: u64, name: &str) -> FsResult<Entry> {
-        let dir = self.dir_inode(parent)?;
-        if name.len() > names::NAME_MAX {
-            return Err(Errno::ENAMETOOLONG);
-        }
-        if !names::is_visible(name) {
-            return Err(Errno::ENOENT);
-        }
-        if let Some(found) = self.listed(&dir, name) {
-            return found;
-        }
-        let i = &self.inner;
-        let neg_key = (parent, name.to_string());
-        if i.negative
-            .as_ref()
-            .is_some_and(|c| c.contains_key(&neg_key))
-        {
-            return Err(Errno::ENOENT);
-        }
-        let fkey = names::file_key(&dir.key(), name);
-        let dkey = names::dir_key(&dir.key(), name);
-        // A directory not known to be large is listed (one page): when that page is the whole
-        // directory it answers this lookup and every later one in the directory (a dataset's
-        // class folder costs one call, not two per file).
-        if let Some(listing) = self.whole_listing(&dir.key()).await {
-            return self.lookup_in(&dir, &listing, name);
-        }
-        // One call finds the object and the folder of that name together; only a page
-        // crowded with names between the two (`name.1`, `name.2`, ...) needs two calls.
-        let (obj, sub) = match i
-            .client
-            .list_page(&i.bucket, &namespace::name_probe(&fkey))
-            .await
-        {
-            Ok(page) if page.next_page_token.is_empty() => {
-                let obj = page.objects.iter().find(|o| o.name == fkey).cloned();
-                let missing = || gcs::Error::NotFound(fkey.clone());
-                (obj.ok_or_else(missing), Ok(page))
-            }
-            Err(e) => return Err(error::log_err("lookup", &fkey, &e)),
-            Ok(_) => {
-                // Finds empty folders too (see `namespace::dir_probe`).
-                let probe = namespace::dir_probe(&dkey);
-                tokio::join!(
-                    i.client.get_object(&i.bucket, &fkey),
-                    i.client.list_page(&i.bucket, &probe)
-                )
-            }
-        };
-        match (obj, sub) {
-            (obj, Ok(page)) if page.prefixes.contains(&dkey) => {
-                if obj.is_ok() {
-                    i.warnings.warn(&fkey);
-                }
-                let inode = i.inodes.lookup(&dkey, Kind::Dir, None);
-                Ok(self.entry(&inode))
-            }
-            (Ok(meta), _) => {
-                let inode = i
-                    .inodes
-                    .lookup(&fkey, Kind::File, Some(ObjMeta::from(&meta)));
-                Ok(self.entry(&inode))
-            }
-            (Err(gcs::Error::NotFound(_)), Ok(_) | Err(gcs::Error::NotFound(_))) => {
-                if let Some(c) = &i.negative {
-                    c.insert(neg_key, ());
-                }
-                Err(Errno::ENOENT)
-            }
-            (Err(gcs::Error::NotFound(_)), Err(e)) | (Err(e), _) => {
-                Err(error::log_err("lookup", &fkey, &e))
-            }
-        }
-    }
-
-    /// A fresh listing of directory `dkey` when one page holds all of it: the cached one while
-    /// it is younger than the negative TTL, or else one call that every concurrent caller
-    /// shares (a lookup joins the listing prefetch started, and the other way round). `None`:
-    /// the directory is large, listings are not cached, or the call failed; the caller asks
-    /// for what it needs by name.
-    pub(super) async fn whole_listing(&self, dkey: &str) -> Option<Arc<Listing>> {
-        let i = &self.inner;
-        let (listings, large) = (i.listings.as_ref()?, i.large_dirs.as_ref()?);
-        if large.contains_key(dkey) {
-            return None;
-        }
-        let call = {
-            let mut now = lock(&i.listing_now);
-            match now.get(dkey) {
-                Some(call) => call.clone(),
-                None => {
-                    // Checked under the lock: a call that has just ended cached its listing
-                    // before it left `listing_now`, so a caller arriving after it finds that
-                    // listing instead of listing the directory again. Only while it still
-                    // vouches for the names it lacks (see `listed`).
-                    if let Some(listing) = listings
-                        .get(dkey)
-                        .filter(|l| l.listed_at.elapsed() < i.negative_ttl)
-                    {
-                        return Some(listing);
-                    }
-                    now.entry(dkey.to_string()).or_default().clone()
-                }
-            }
-        };
-        let listing = call
-            .get_or_init(|| async {
-                let req = list_request(dkey, i.list_options.page_size);
-                match i.client.list_page(&i.bucket, &req).await {
-                    Ok(page) if page.next_page_token.is_empty() => {
-                        let listing = Arc::new(merge(dkey, vec![page], &i.warnings));
-                        listings.insert(dkey.to_string(), listing.clone());
-                        Some(listing)
-                    }
-                    Ok(_) => {
-                        large.insert(dkey.to_string(), ());
-                        None
-                    }
-                    Err(e) => {
-                        tracing::debug!(dir = dkey, error = %e, "listing failed");
-                        None
-                    }
-                }
-            })
-            .await
-            .clone();
-        let mut now = lock(&i.listing_now);
-        if now.get(dkey).is_some_and(|c| Arc::ptr_eq(c, &call)) {
-            now.remove(dkey);
-        }
-        listing
+        let inode = self.inner.sb.lookup(parent, name).await?;
+        Ok(self.entry(&inode))
     }
 
     /// `lookup` as far as the directory's cached listing answers it, with no call to make:
     /// what the FUSE thread can answer at once. `None`: ask `lookup`.
     pub fn lookup_cached(&self, parent: u64, name: &str) -> Option<FsResult<Entry>> {
-        let dir = self.dir_inode(parent).ok()?;
-        if name.len() > names::NAME_MAX || !names::is_visible(name) {
-            return None;
-        }
-        self.listed(&dir, name)
-    }
-
-    /// What the cached listing of `dir` says of `name`, if it vouches for it.
-    fn listed(&self, dir: &Inode, name: &str) -> Option<FsResult<Entry>> {
-        let i = &self.inner;
-        let listing = i.listings.as_ref()?.get(&dir.key())?;
-        // A listing answers for the names it holds as long as it is kept, but for a name it
-        // lacks only as long as a negative entry would: an object created elsewhere then
-        // shows up as soon as it would without the listing.
-        match self.lookup_in(dir, &listing, name) {
-            Err(Errno::ENOENT) if listing.listed_at.elapsed() >= i.negative_ttl => None,
-            found => Some(found),
-        }
-    }
-
-    /// Resolves `name` from `listing`, the listing of directory `dir`.
-    fn lookup_in(&self, dir: &Inode, listing: &Listing, name: &str) -> FsResult<Entry> {
-        let i = &self.inner;
-        let found = listing.find(name).ok_or(Errno::ENOENT)?;
-        let inode = match found.kind {
-            Kind::Dir => i
-                .inodes
-                .lookup(&names::dir_key(&dir.key(), name), Kind::Dir, None),
-            Kind::File => {
-                i.inodes
-                    .lookup(&names::file_key(&dir.key(), name), Kind::File, found.meta)
-            }
-        };
-        Ok(self.entry(&inode))
+        let found = self.inner.sb.lookup_cached(parent, name)?;
+        Some(found.map(|inode| self.entry(&inode)))
     }
 
     /// The kernel dropped `n` lookups of `ino`.
     pub fn forget(&self, ino: u64, n: u64) {
-        self.inner.inodes.forget(ino, n);
-    }
-
-    /// Current metadata of a file, fetched again once older than the stat TTL.
-    async fn fresh_meta(&self, inode: &Inode) -> FsResult<ObjMeta> {
-        if let Some(m) = self.cached_meta(inode) {
-            return Ok(m);
-        }
-        let i = &self.inner;
-        let meta = i
-            .client
-            .get_object(&i.bucket, &inode.key())
-            .await
-            .map_err(|e| error::log_err("stat", &inode.key(), &e))?;
-        Ok(inode.refresh(ObjMeta::from(&meta)))
-    }
-
-    /// The inode's metadata while younger than the stat TTL.
-    fn cached_meta(&self, inode: &Inode) -> Option<ObjMeta> {
-        match inode.meta() {
-            (Some(m), Some(at)) if at.elapsed() < self.inner.stat_ttl => Some(m),
-            _ => None,
-        }
+        self.inner.sb.forget(ino, n);
     }
 
     /// Attributes of `ino`.
     pub async fn getattr(&self, ino: u64) -> FsResult<Attr> {
         let inode = self.inode(ino)?;
         let meta = match inode.kind {
-            Kind::File => Some(self.fresh_meta(&inode).await?),
+            Kind::File => Some(self.inner.sb.fresh_meta(&inode).await?),
             Kind::Dir => None,
         };
         Ok(self.attr_of(&inode, meta))
@@ -517,7 +297,7 @@ impl Fs {
         }
         // Bytes written through this mount must be in the service before a reader opens.
         self.inner.writes.settle(ino).await?;
-        let meta = self.fresh_meta(&inode).await?;
+        let meta = self.inner.sb.fresh_meta(&inode).await?;
         Ok(self.open_at(&inode, &meta, direct))
     }
 
@@ -529,7 +309,7 @@ impl Fs {
         if inode.kind == Kind::Dir || self.inner.writes.has_writer(ino) {
             return None;
         }
-        let meta = self.cached_meta(&inode)?;
+        let meta = self.inner.sb.cached_meta(&inode)?;
         Some(self.open_at(&inode, &meta, direct))
     }
 
@@ -654,8 +434,8 @@ mod tests {
         let x = Bytes::from_static(b"x");
         let (emu, cfg) = test_emulator(&[("d/a", x.clone()), ("d/b", x)], 0).await;
         let fs = Fs::new(Client::connect(&cfg.gcs).await.expect("client"), "b", &cfg);
-        let first = fs.whole_listing("d/").await.expect("listed");
-        let again = fs.whole_listing("d/").await.expect("listed");
+        let first = fs.inner.sb.whole_listing("d/").await.expect("listed");
+        let again = fs.inner.sb.whole_listing("d/").await.expect("listed");
         assert!(Arc::ptr_eq(&first, &again));
         assert_eq!(emu.stats().list_calls, 1);
     }

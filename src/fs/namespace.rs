@@ -3,12 +3,13 @@
 //! directories are folders of the Storage Control API (Create/Delete/RenameFolder), so an
 //! empty directory made by mkdir stays visible (listings include folders as prefixes).
 //!
-//! After each change the caches that could answer for the old state are corrected: the
-//! listing of every directory involved, negative entries of new names, and the inode table
-//! (an inode follows its object through a rename, since the kernel keeps using it under the
-//! new name). The kernel updates its own dentries from our answers.
+//! After each change the superblock is told (created, removed, renamed), and it corrects the
+//! caches that could answer for the old state: the listing of every directory involved,
+//! negative entries of new names, and the inode table (an inode follows its object through a
+//! rename, since the kernel keeps using it under the new name). The kernel updates its own
+//! dentries from our answers.
 //!
-//! Touches the client, the inode table and the metadata caches; no kernel types.
+//! Touches the client and the superblock; no kernel types.
 
 use super::error::{log_err, Errno, FsResult};
 use super::inode::{Inode, Kind};
@@ -16,58 +17,10 @@ use super::{names, Entry, Fs};
 use crate::gcs::{self, ListRequest};
 use std::sync::Arc;
 
-/// The listing request that tells whether directory `dkey` ("a/b/") exists, empty folders
-/// included: names from `dkey` on under the prefix `dkey` without its slash, one entry. Any
-/// object under the directory, or its folder, comes first and groups into the prefix `dkey`;
-/// anything else ("a/b0") means there is no such directory. (A listing under `dkey` itself
-/// would not show an empty folder: the folder is the prefix, not an entry of it.)
-pub fn dir_probe(dkey: &str) -> ListRequest {
-    ListRequest {
-        prefix: dkey.trim_end_matches('/').to_string(),
-        delimiter: Some("/".to_string()),
-        page_size: 1,
-        lexicographic_start: dkey.to_string(),
-        include_folders_as_prefixes: true,
-        ..Default::default()
-    }
-}
-
-/// Entries a name probe asks for: room for the object itself, a few names that sort between
-/// it and its folder (`name.bak`, `name-1`, ...) and the folder. A fuller page is asked again.
-const NAME_PROBE_PAGE: i32 = 16;
-
-/// The one call that answers a lookup of `fkey` in a directory too large to list: every name
-/// from `fkey` itself up to its folder `fkey/` and no further (`0` follows `/`), the folder
-/// collapsed by the delimiter (empty folders too). Its page holds the object of that name, if
-/// any, and the folder, if any, unless it comes back with a next page.
-pub fn name_probe(fkey: &str) -> ListRequest {
-    ListRequest {
-        prefix: fkey.to_string(),
-        delimiter: Some("/".to_string()),
-        page_size: NAME_PROBE_PAGE,
-        lexicographic_start: fkey.to_string(),
-        lexicographic_end: format!("{fkey}0"),
-        include_folders_as_prefixes: true,
-        ..Default::default()
-    }
-}
-
 /// `renameat2` flags this filesystem understands.
 const RENAME_NOREPLACE: u32 = libc::RENAME_NOREPLACE;
 
 impl Fs {
-    /// The name `name` in `parent` changed: forget what the caches say of it and of the
-    /// directory's listing.
-    fn name_changed(&self, parent: u64, name: &str) {
-        let i = &self.inner;
-        if let Some(c) = &i.negative {
-            c.invalidate(&(parent, name.to_string()));
-        }
-        if let (Some(c), Ok(dir)) = (&i.listings, self.inode(parent)) {
-            c.invalidate(&dir.key());
-        }
-    }
-
     fn check_name(name: &str) -> FsResult<()> {
         if name.len() > names::NAME_MAX {
             return Err(Errno::ENAMETOOLONG);
@@ -98,11 +51,11 @@ impl Fs {
         let dir = self.dir_inode(parent)?;
         let i = &self.inner;
         let key = names::file_key(&dir.key(), name);
-        let known = i
-            .inodes
-            .find(&key, Kind::File)
-            .and_then(|n| n.meta().0)
-            .map(|m| m.generation);
+        let known =
+            i.sb.inodes
+                .find(&key, Kind::File)
+                .and_then(|n| n.meta().0)
+                .map(|m| m.generation);
         let mut tries = match known {
             Some(g) => vec![Some(g), None],
             None => vec![None],
@@ -129,8 +82,7 @@ impl Fs {
                 Err(e) => return Err(log_err("unlink", &key, &e)),
             }
         }
-        i.inodes.unlink(&key, Kind::File);
-        self.name_changed(parent, name);
+        i.sb.removed(parent, name, &key, Kind::File);
         Ok(())
     }
 
@@ -150,8 +102,8 @@ impl Fs {
                 }
                 e => log_err("mkdir", &dkey, &e),
             })?;
-        self.name_changed(parent, name);
-        let inode = i.inodes.lookup(&dkey, Kind::Dir, None);
+        i.sb.created(parent, name);
+        let inode = i.sb.inodes.lookup(&dkey, Kind::Dir, None);
         Ok(self.entry(&inode))
     }
 
@@ -196,12 +148,7 @@ impl Fs {
         let dir = self.dir_inode(parent)?;
         let dkey = names::dir_key(&dir.key(), name);
         self.remove_dir(&dkey).await?;
-        let i = &self.inner;
-        if let Some(c) = &i.listings {
-            c.invalidate(&dkey);
-        }
-        i.inodes.unlink(&dkey, Kind::Dir);
-        self.name_changed(parent, name);
+        self.inner.sb.removed(parent, name, &dkey, Kind::Dir);
         Ok(())
     }
 
@@ -231,7 +178,8 @@ impl Fs {
         if dst.is_some() && flags & RENAME_NOREPLACE != 0 {
             return Err(Errno(libc::EEXIST));
         }
-        match src.kind {
+        let from = src.key();
+        let to = match src.kind {
             Kind::File => {
                 if dst.as_ref().is_some_and(|d| d.kind == Kind::Dir) {
                     return Err(Errno::EISDIR);
@@ -239,12 +187,12 @@ impl Fs {
                 let to = names::file_key(&to_dir.key(), newname);
                 self.move_file(&src, &to, flags & RENAME_NOREPLACE != 0)
                     .await?;
+                to
             }
             Kind::Dir => {
                 if dst.as_ref().is_some_and(|d| d.kind == Kind::File) {
                     return Err(Errno::ENOTDIR);
                 }
-                let from = src.key();
                 let to = names::dir_key(&to_dir.key(), newname);
                 if to.starts_with(&from) {
                     return Err(Errno::EINVAL);
@@ -260,15 +208,12 @@ impl Fs {
                         gcs::Error::AlreadyExists(_) => Errno(libc::ENOTEMPTY),
                         e => log_err("rename", &from, &e),
                     })?;
-                i.inodes.rename(&from, &to, Kind::Dir);
-                // Every listing below the directory named it by its old key.
-                if let Some(c) = &i.listings {
-                    c.invalidate_all();
-                }
+                to
             }
-        }
-        self.name_changed(parent, name);
-        self.name_changed(newparent, newname);
+        };
+        self.inner
+            .sb
+            .renamed((parent, name), (newparent, newname), (&from, &to), src.kind);
         Ok(())
     }
 
@@ -297,7 +242,6 @@ impl Fs {
             gcs::Error::PreconditionFailed(_) if noreplace => Errno(libc::EEXIST),
             e => log_err("rename", &from, &e),
         })?;
-        i.inodes.rename(&from, to, Kind::File);
         src.replace(super::inode::ObjMeta::from(&meta));
         Ok(())
     }

@@ -238,7 +238,7 @@ fn advance(
 
 impl Fs {
     fn key_of(&self, rel: &str) -> String {
-        format!("{}{}", self.inner.root_key, rel.trim_matches('/'))
+        format!("{}{}", self.inner.sb.root_key, rel.trim_matches('/'))
     }
 
     /// What to do about upcoming file `key`, from what is known without a call: its inode's
@@ -256,8 +256,8 @@ impl Fs {
                 Upcoming::Load(m)
             }
         };
-        let ino = i.inodes.peek_ino(key, Kind::File);
-        if let Some(inode) = i.inodes.get(ino) {
+        let ino = i.sb.inodes.peek_ino(key, Kind::File);
+        if let Some(inode) = i.sb.inodes.get(ino) {
             if let Some(m) = inode.meta().0 {
                 // The kernel serves this version from its page cache: loading it again
                 // would only fill our cache with bytes nobody asks for.
@@ -268,11 +268,9 @@ impl Fs {
             }
         }
         let (dir, name) = split_key(key);
-        let found = i
-            .listings
-            .as_ref()
-            .and_then(|c| c.get(dir))
-            .and_then(|l| l.find(name).and_then(|e| e.meta));
+        let found =
+            i.sb.cached_listing(dir)
+                .and_then(|l| l.find(name).and_then(|e| e.meta));
         found.map_or(Upcoming::Unknown, judge)
     }
 
@@ -354,7 +352,7 @@ impl Fs {
     fn dir_order_open(&self, key: &str) {
         let i = &self.inner;
         let (dir, name) = split_key(key);
-        let Some(listing) = i.listings.as_ref().and_then(|c| c.get(dir)) else {
+        let Some(listing) = i.sb.cached_listing(dir) else {
             return;
         };
         let Ok(at) = listing
@@ -453,7 +451,7 @@ impl Fs {
     /// (one call per folder, which then answers the reader's lookups too), else the object's.
     async fn unknown_meta(&self, key: &str) -> Result<ObjMeta, ()> {
         let (dir, name) = split_key(key);
-        if let Some(listing) = self.whole_listing(dir).await {
+        if let Some(listing) = self.inner.sb.whole_listing(dir).await {
             return listing.find(name).and_then(|e| e.meta).ok_or(());
         }
         let i = &self.inner;

@@ -2,8 +2,8 @@
 //! takes at its first read from offset 0 (so a directory read in several calls sees one
 //! consistent listing; the handle table keeps it), and `releasedir`.
 
-use super::dir::{list_dir, Listing};
-use super::error::{self, Errno, FsResult};
+use super::dir::Listing;
+use super::error::{Errno, FsResult};
 use super::{names, Entry, Fs, Kind};
 use std::sync::Arc;
 
@@ -32,36 +32,13 @@ impl Fs {
         self.inner.handles.remove_dir(fh);
     }
 
-    /// The listing of directory `ino`: the cached one while fresh, else listed again.
-    async fn listing(&self, ino: u64) -> FsResult<Arc<Listing>> {
-        let i = &self.inner;
-        let dir = self.dir_inode(ino)?;
-        if let Some(l) = i.listings.as_ref().and_then(|c| c.get(&dir.key())) {
-            return Ok(l);
-        }
-        let listing = list_dir(
-            &i.client,
-            &i.bucket,
-            &dir.key(),
-            &i.warnings,
-            i.list_options,
-        )
-        .await
-        .map(Arc::new)
-        .map_err(|e| error::log_err("list", &dir.key(), &e))?;
-        if let Some(c) = &i.listings {
-            c.insert(dir.key(), listing.clone());
-        }
-        Ok(listing)
-    }
-
     /// The listing directory handle `fh` reads: taken at offset 0, kept for later offsets.
     async fn dir_listing(&self, fh: u64, offset: u64) -> FsResult<(u64, Arc<Listing>)> {
         let (ino, kept) = self.inner.handles.dir(fh).ok_or(Errno::EBADF)?;
         if let (Some(l), true) = (kept, offset > 0) {
             return Ok((ino, l));
         }
-        let listing = self.listing(ino).await?;
+        let listing = self.inner.sb.listing(ino).await?;
         self.inner.handles.set_dir_listing(fh, listing.clone());
         Ok((ino, listing))
     }
@@ -96,7 +73,7 @@ impl Fs {
                 Kind::File => names::file_key(&dir_key, &e.name),
             };
             let item = DirItem {
-                ino: self.inner.inodes.peek_ino(&key, e.kind),
+                ino: self.inner.sb.inodes.peek_ino(&key, e.kind),
                 offset: n as u64 + 3,
                 kind: e.kind,
                 name: &e.name,
@@ -138,10 +115,11 @@ impl Fs {
             let inode = match e.kind {
                 Kind::Dir => {
                     self.inner
+                        .sb
                         .inodes
                         .lookup(&names::dir_key(&dir_key, &e.name), Kind::Dir, None)
                 }
-                Kind::File => self.inner.inodes.lookup(
+                Kind::File => self.inner.sb.inodes.lookup(
                     &names::file_key(&dir_key, &e.name),
                     Kind::File,
                     e.meta,
@@ -154,7 +132,7 @@ impl Fs {
                 name: &e.name,
             };
             if add(&item, &self.entry(&inode)) {
-                self.inner.inodes.forget(inode.ino, 1);
+                self.inner.sb.forget(inode.ino, 1);
                 return Ok(());
             }
         }

@@ -3,7 +3,7 @@
 //! this file only ties it to inodes, handles and the metadata caches.
 
 use super::error::{log_err, Errno, FsResult};
-use super::inode::{Inode, Kind, ObjMeta};
+use super::inode::{Kind, ObjMeta};
 use super::{names, read, Attr, Entry, Fs, Opened};
 use bytes::Bytes;
 use std::sync::Arc;
@@ -56,12 +56,7 @@ impl Fs {
                 crate::gcs::Error::PreconditionFailed(_) if exclusive => Errno(libc::EEXIST),
                 e => log_err("create", &key, &e),
             })?;
-        if let Some(c) = &i.negative {
-            c.invalidate(&(parent, name.to_string()));
-        }
-        if let Some(c) = &i.listings {
-            c.invalidate(&dir.key());
-        }
+        i.sb.created(parent, name);
         let now = SystemTime::now();
         let meta = ObjMeta {
             generation: w.generation(),
@@ -69,7 +64,7 @@ impl Fs {
             mtime: now,
             crtime: now,
         };
-        let inode = i.inodes.lookup(&key, Kind::File, Some(meta));
+        let inode = i.sb.inodes.lookup(&key, Kind::File, Some(meta));
         inode.note_open(meta.identity(), i.prefetch.open_clock(0));
         let fh = i
             .handles
@@ -146,13 +141,6 @@ impl Fs {
         Ok(fresh)
     }
 
-    /// File `inode` changed size: its directory's cached listing no longer says so.
-    fn listing_changed(&self, inode: &Inode) {
-        if let Some(c) = &self.inner.listings {
-            c.invalidate(names::parent_dir(&inode.key()));
-        }
-    }
-
     /// Refuses writes from now on (EIO), waits for those in flight, and makes every byte
     /// written so far durable: what a stopping daemon does before it unmounts.
     pub async fn stop_writes(&self) {
@@ -182,7 +170,7 @@ impl Fs {
         // The listing of the file's directory, taken while it grew, holds an old size.
         if let Some(fw) = writer {
             let inode = self.inner.writes.release(fw).await;
-            self.listing_changed(&inode);
+            self.inner.sb.written(&inode);
         }
     }
 
@@ -233,7 +221,7 @@ impl Fs {
         // close: uploading now would publish a half-written file); else a writer of our own
         // uploads at once.
         let had_writer = writes.is_writing(ino);
-        let meta = self.fresh_meta(&inode).await?;
+        let meta = self.inner.sb.fresh_meta(&inode).await?;
         let fw = writes.attach_existing(&inode, meta.generation, meta.size);
         let resized = async {
             writes.set_size(&fw, size).await?;
@@ -244,7 +232,7 @@ impl Fs {
         }
         .await;
         writes.release(fw).await;
-        self.listing_changed(&inode);
+        self.inner.sb.written(&inode);
         resized
     }
 

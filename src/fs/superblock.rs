@@ -1,0 +1,405 @@
+//! The superblock: all the mount knows of names. It owns the inode table, the cached
+//! listings (and which directories are too large to list whole), the negative cache, their
+//! TTLs and the name rules; it answers lookups and listings; and it is told of every change
+//! as a named event (`created`, `removed`, `renamed`, `written`) that drops exactly the
+//! cached answers the change made wrong. No handles, no bytes.
+
+use super::dir::{list_dir, merge, ListOptions, Listing, ShadowWarnings};
+use super::error::{self, Errno, FsResult};
+use super::inode::{Inode, InodeTable, Kind, ObjMeta};
+use super::list_parallel::list_request;
+use super::{lock, names};
+use crate::config::FsConfig;
+use crate::gcs::{self, Client, ListRequest};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The listing request that tells whether directory `dkey` ("a/b/") exists, empty folders
+/// included: names from `dkey` on under the prefix `dkey` without its slash, one entry. Any
+/// object under the directory, or its folder, comes first and groups into the prefix `dkey`;
+/// anything else ("a/b0") means there is no such directory. (A listing under `dkey` itself
+/// would not show an empty folder: the folder is the prefix, not an entry of it.)
+fn dir_probe(dkey: &str) -> ListRequest {
+    ListRequest {
+        prefix: dkey.trim_end_matches('/').to_string(),
+        delimiter: Some("/".to_string()),
+        page_size: 1,
+        lexicographic_start: dkey.to_string(),
+        include_folders_as_prefixes: true,
+        ..Default::default()
+    }
+}
+
+/// Entries a name probe asks for: room for the object itself, a few names that sort between
+/// it and its folder (`name.bak`, `name-1`, ...) and the folder. A fuller page is asked again.
+const NAME_PROBE_PAGE: i32 = 16;
+
+/// The one call that answers a lookup of `fkey` in a directory too large to list: every name
+/// from `fkey` itself up to its folder `fkey/` and no further (`0` follows `/`), the folder
+/// collapsed by the delimiter (empty folders too). Its page holds the object of that name, if
+/// any, and the folder, if any, unless it comes back with a next page.
+fn name_probe(fkey: &str) -> ListRequest {
+    ListRequest {
+        prefix: fkey.to_string(),
+        delimiter: Some("/".to_string()),
+        page_size: NAME_PROBE_PAGE,
+        lexicographic_start: fkey.to_string(),
+        lexicographic_end: format!("{fkey}0"),
+        include_folders_as_prefixes: true,
+        ..Default::default()
+    }
+}
+
+/// One directory's `whole_listing` call, shared by everyone who wants it while it runs.
+type ListingCall = Arc<tokio::sync::OnceCell<Option<Arc<Listing>>>>;
+
+/// A TTL cache, or none when the TTL is zero (nothing is cached).
+fn ttl_cache<K, V>(ttl: Duration, capacity: u64) -> Option<moka::sync::Cache<K, V>>
+where
+    K: std::hash::Hash + Eq + Send + Sync + 'static,
+    V: Clone + Send + Sync + 'static,
+{
+    (!ttl.is_zero()).then(|| {
+        moka::sync::Cache::builder()
+            .max_capacity(capacity)
+            .time_to_live(ttl)
+            .build()
+    })
+}
+
+/// What the mount knows of names (see the module doc).
+pub(super) struct Superblock {
+    client: Client,
+    bucket: String,
+    /// The key of the mount's root directory (`only_dir`), empty or ending in `/`.
+    pub(super) root_key: String,
+    pub(super) inodes: InodeTable,
+    stat_ttl: Duration,
+    /// Listings by directory key (not inode: prefetch lists directories the kernel has not
+    /// looked up yet).
+    listings: Option<moka::sync::Cache<String, Arc<Listing>>>,
+    /// Directories found to hold more than one page: lookups in them do not list them.
+    large_dirs: Option<moka::sync::Cache<String, ()>>,
+    /// `whole_listing` calls in flight, by directory key.
+    listing_now: Mutex<HashMap<String, ListingCall>>,
+    list_options: ListOptions,
+    negative: Option<moka::sync::Cache<(u64, String), ()>>,
+    /// How long a name found missing stays missing, in the negative cache or in a listing.
+    negative_ttl: Duration,
+    warnings: ShadowWarnings,
+}
+
+impl Superblock {
+    /// The metadata of a mount of `bucket` as `fs` configures it.
+    pub(super) fn new(client: Client, bucket: &str, fs: &FsConfig) -> Superblock {
+        let ms = Duration::from_millis;
+        let root = names::dir_prefix(fs.only_dir.as_deref());
+        Superblock {
+            client,
+            bucket: bucket.to_string(),
+            inodes: InodeTable::new(root.clone()),
+            root_key: root,
+            stat_ttl: ms(fs.stat_ttl_ms),
+            listings: ttl_cache(ms(fs.list_ttl_ms), 4096),
+            large_dirs: ttl_cache(ms(fs.list_ttl_ms), 4096),
+            listing_now: Mutex::new(HashMap::new()),
+            list_options: ListOptions::from_config(fs),
+            negative: ttl_cache(ms(fs.negative_ttl_ms), 100_000),
+            negative_ttl: ms(fs.negative_ttl_ms),
+            warnings: ShadowWarnings::default(),
+        }
+    }
+
+    pub(super) fn inode(&self, ino: u64) -> FsResult<Arc<Inode>> {
+        self.inodes.get(ino).ok_or(Errno::ENOENT)
+    }
+
+    pub(super) fn dir_inode(&self, ino: u64) -> FsResult<Arc<Inode>> {
+        let inode = self.inode(ino)?;
+        if inode.kind != Kind::Dir {
+            return Err(Errno::ENOTDIR);
+        }
+        Ok(inode)
+    }
+
+    /// Resolves `name` in directory `parent`, counting one kernel lookup on the result.
+    pub(super) async fn lookup(&self, parent: u64, name: &str) -> FsResult<Arc<Inode>> {
+        let dir = self.dir_inode(parent)?;
+        if name.len() > names::NAME_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        if !names::is_visible(name) {
+            return Err(Errno::ENOENT);
+        }
+        if let Some(found) = self.listed(&dir, name) {
+            return found;
+        }
+        let i = self;
+        let neg_key = (parent, name.to_string());
+        if i.negative
+            .as_ref()
+            .is_some_and(|c| c.contains_key(&neg_key))
+        {
+            return Err(Errno::ENOENT);
+        }
+        let fkey = names::file_key(&dir.key(), name);
+        let dkey = names::dir_key(&dir.key(), name);
+        // A directory not known to be large is listed (one page): when that page is the whole
+        // directory it answers this lookup and every later one in the directory (a dataset's
+        // class folder costs one call, not two per file).
+        if let Some(listing) = self.whole_listing(&dir.key()).await {
+            return self.lookup_in(&dir, &listing, name);
+        }
+        // One call finds the object and the folder of that name together; only a page
+        // crowded with names between the two (`name.1`, `name.2`, ...) needs two calls.
+        let (obj, sub) = match i.client.list_page(&i.bucket, &name_probe(&fkey)).await {
+            Ok(page) if page.next_page_token.is_empty() => {
+                let obj = page.objects.iter().find(|o| o.name == fkey).cloned();
+                let missing = || gcs::Error::NotFound(fkey.clone());
+                (obj.ok_or_else(missing), Ok(page))
+            }
+            Err(e) => return Err(error::log_err("lookup", &fkey, &e)),
+            Ok(_) => {
+                // Finds empty folders too (see `dir_probe`).
+                let probe = dir_probe(&dkey);
+                tokio::join!(
+                    i.client.get_object(&i.bucket, &fkey),
+                    i.client.list_page(&i.bucket, &probe)
+                )
+            }
+        };
+        match (obj, sub) {
+            (obj, Ok(page)) if page.prefixes.contains(&dkey) => {
+                if obj.is_ok() {
+                    i.warnings.warn(&fkey);
+                }
+                let inode = i.inodes.lookup(&dkey, Kind::Dir, None);
+                Ok(inode)
+            }
+            (Ok(meta), _) => {
+                let inode = i
+                    .inodes
+                    .lookup(&fkey, Kind::File, Some(ObjMeta::from(&meta)));
+                Ok(inode)
+            }
+            (Err(gcs::Error::NotFound(_)), Ok(_) | Err(gcs::Error::NotFound(_))) => {
+                if let Some(c) = &i.negative {
+                    c.insert(neg_key, ());
+                }
+                Err(Errno::ENOENT)
+            }
+            (Err(gcs::Error::NotFound(_)), Err(e)) | (Err(e), _) => {
+                Err(error::log_err("lookup", &fkey, &e))
+            }
+        }
+    }
+
+    /// A fresh listing of directory `dkey` when one page holds all of it: the cached one while
+    /// it is younger than the negative TTL, or else one call that every concurrent caller
+    /// shares (a lookup joins the listing prefetch started, and the other way round). `None`:
+    /// the directory is large, listings are not cached, or the call failed; the caller asks
+    /// for what it needs by name.
+    pub(super) async fn whole_listing(&self, dkey: &str) -> Option<Arc<Listing>> {
+        let i = self;
+        let (listings, large) = (i.listings.as_ref()?, i.large_dirs.as_ref()?);
+        if large.contains_key(dkey) {
+            return None;
+        }
+        let call = {
+            let mut now = lock(&i.listing_now);
+            match now.get(dkey) {
+                Some(call) => call.clone(),
+                None => {
+                    // Checked under the lock: a call that has just ended cached its listing
+                    // before it left `listing_now`, so a caller arriving after it finds that
+                    // listing instead of listing the directory again. Only while it still
+                    // vouches for the names it lacks (see `listed`).
+                    if let Some(listing) = listings
+                        .get(dkey)
+                        .filter(|l| l.listed_at.elapsed() < i.negative_ttl)
+                    {
+                        return Some(listing);
+                    }
+                    now.entry(dkey.to_string()).or_default().clone()
+                }
+            }
+        };
+        let listing = call
+            .get_or_init(|| async {
+                let req = list_request(dkey, i.list_options.page_size);
+                match i.client.list_page(&i.bucket, &req).await {
+                    Ok(page) if page.next_page_token.is_empty() => {
+                        let listing = Arc::new(merge(dkey, vec![page], &i.warnings));
+                        listings.insert(dkey.to_string(), listing.clone());
+                        Some(listing)
+                    }
+                    Ok(_) => {
+                        large.insert(dkey.to_string(), ());
+                        None
+                    }
+                    Err(e) => {
+                        tracing::debug!(dir = dkey, error = %e, "listing failed");
+                        None
+                    }
+                }
+            })
+            .await
+            .clone();
+        let mut now = lock(&i.listing_now);
+        if now.get(dkey).is_some_and(|c| Arc::ptr_eq(c, &call)) {
+            now.remove(dkey);
+        }
+        listing
+    }
+
+    /// `lookup` as far as the directory's cached listing answers it, with no call to make:
+    /// what the FUSE thread can answer at once. `None`: ask `lookup`.
+    pub(super) fn lookup_cached(&self, parent: u64, name: &str) -> Option<FsResult<Arc<Inode>>> {
+        let dir = self.dir_inode(parent).ok()?;
+        if name.len() > names::NAME_MAX || !names::is_visible(name) {
+            return None;
+        }
+        self.listed(&dir, name)
+    }
+
+    /// What the cached listing of `dir` says of `name`, if it vouches for it.
+    fn listed(&self, dir: &Inode, name: &str) -> Option<FsResult<Arc<Inode>>> {
+        let i = self;
+        let listing = i.listings.as_ref()?.get(&dir.key())?;
+        // A listing answers for the names it holds as long as it is kept, but for a name it
+        // lacks only as long as a negative entry would: an object created elsewhere then
+        // shows up as soon as it would without the listing.
+        match self.lookup_in(dir, &listing, name) {
+            Err(Errno::ENOENT) if listing.listed_at.elapsed() >= i.negative_ttl => None,
+            found => Some(found),
+        }
+    }
+
+    /// Resolves `name` from `listing`, the listing of directory `dir`.
+    fn lookup_in(&self, dir: &Inode, listing: &Listing, name: &str) -> FsResult<Arc<Inode>> {
+        let i = self;
+        let found = listing.find(name).ok_or(Errno::ENOENT)?;
+        Ok(match found.kind {
+            Kind::Dir => i
+                .inodes
+                .lookup(&names::dir_key(&dir.key(), name), Kind::Dir, None),
+            Kind::File => {
+                i.inodes
+                    .lookup(&names::file_key(&dir.key(), name), Kind::File, found.meta)
+            }
+        })
+    }
+
+    /// The kernel dropped `n` lookups of `ino`.
+    pub(super) fn forget(&self, ino: u64, n: u64) {
+        self.inodes.forget(ino, n);
+    }
+
+    /// Current metadata of a file, fetched again once older than the stat TTL.
+    pub(super) async fn fresh_meta(&self, inode: &Inode) -> FsResult<ObjMeta> {
+        if let Some(m) = self.cached_meta(inode) {
+            return Ok(m);
+        }
+        let i = self;
+        let meta = i
+            .client
+            .get_object(&i.bucket, &inode.key())
+            .await
+            .map_err(|e| error::log_err("stat", &inode.key(), &e))?;
+        Ok(inode.refresh(ObjMeta::from(&meta)))
+    }
+
+    /// The inode's metadata while younger than the stat TTL.
+    pub(super) fn cached_meta(&self, inode: &Inode) -> Option<ObjMeta> {
+        match inode.meta() {
+            (Some(m), Some(at)) if at.elapsed() < self.stat_ttl => Some(m),
+            _ => None,
+        }
+    }
+
+    /// The listing of directory `ino`: the cached one while fresh, else listed again.
+    pub(super) async fn listing(&self, ino: u64) -> FsResult<Arc<Listing>> {
+        let i = self;
+        let dir = self.dir_inode(ino)?;
+        if let Some(l) = i.listings.as_ref().and_then(|c| c.get(&dir.key())) {
+            return Ok(l);
+        }
+        let listing = list_dir(
+            &i.client,
+            &i.bucket,
+            &dir.key(),
+            &i.warnings,
+            i.list_options,
+        )
+        .await
+        .map(Arc::new)
+        .map_err(|e| error::log_err("list", &dir.key(), &e))?;
+        if let Some(c) = &i.listings {
+            c.insert(dir.key(), listing.clone());
+        }
+        Ok(listing)
+    }
+
+    /// The cached listing of directory `dkey`, if one is kept.
+    pub(super) fn cached_listing(&self, dkey: &str) -> Option<Arc<Listing>> {
+        self.listings.as_ref()?.get(dkey)
+    }
+
+    /// Event: name `name` of directory `parent` now exists (a file created, a directory
+    /// made). It is no longer missing, and the directory's listing lacks it.
+    pub(super) fn created(&self, parent: u64, name: &str) {
+        self.name_changed(parent, name);
+    }
+
+    /// Event: `key` (a file, or a directory with everything below it), name `name` of
+    /// directory `parent`, is gone.
+    pub(super) fn removed(&self, parent: u64, name: &str, key: &str, kind: Kind) {
+        if kind == Kind::Dir {
+            if let Some(c) = &self.listings {
+                c.invalidate(key);
+            }
+        }
+        self.inodes.unlink(key, kind);
+        self.name_changed(parent, name);
+    }
+
+    /// Event: `from` (name `name` of `parent`) is now `to` (name `newname` of `newparent`);
+    /// its inode follows it.
+    pub(super) fn renamed(
+        &self,
+        (parent, name): (u64, &str),
+        (newparent, newname): (u64, &str),
+        (from, to): (&str, &str),
+        kind: Kind,
+    ) {
+        self.inodes.rename(from, to, kind);
+        if kind == Kind::Dir {
+            // Every listing below the directory named it by its old key.
+            if let Some(c) = &self.listings {
+                c.invalidate_all();
+            }
+        }
+        self.name_changed(parent, name);
+        self.name_changed(newparent, newname);
+    }
+
+    /// Event: file `inode` was written (its size changed): its directory's cached listing,
+    /// taken while it grew, holds an old size. No other listing changed.
+    pub(super) fn written(&self, inode: &Inode) {
+        if let Some(c) = &self.listings {
+            c.invalidate(names::parent_dir(&inode.key()));
+        }
+    }
+
+    /// The name `name` in `parent` changed: forget what the caches say of it and of the
+    /// directory's listing.
+    fn name_changed(&self, parent: u64, name: &str) {
+        if let Some(c) = &self.negative {
+            c.invalidate(&(parent, name.to_string()));
+        }
+        if let (Some(c), Ok(dir)) = (&self.listings, self.inode(parent)) {
+            c.invalidate(&dir.key());
+        }
+    }
+}
