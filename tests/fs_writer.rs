@@ -84,3 +84,55 @@ fn a_rewrite_in_the_middle_uploads_a_new_generation_at_close() {
         assert_eq!(after.size, 5000);
     });
 }
+
+/// What a stopping sidecar does: `sync_writes` (a regular sidecar's SIGTERM) makes appended
+/// bytes durable but leaves a half-edited staged file to its close; `stop_writes` (the end)
+/// makes everything durable, staged edits included, and refuses later writes.
+#[test]
+fn sync_persists_appends_only_and_stop_persists_all_then_refuses_writes() {
+    let env = FsEnv::new("b", |_| {});
+    env.put("edit.bin", &[7u8; 5000]);
+    let ino = env.ino("edit.bin");
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let (_, log) = fs
+            .create(ROOT_INO, "log.bin", libc::O_WRONLY)
+            .await
+            .expect("create");
+        fs.write(log.fh, 0, vec![1u8; 3000].into())
+            .await
+            .expect("append");
+        let edit = fs.open_write(ino, false).await.expect("open");
+        fs.write(edit.fh, 100, vec![9u8; 10].into())
+            .await
+            .expect("edit");
+        let before = env
+            .client
+            .get_object("b", "edit.bin")
+            .await
+            .expect("f")
+            .generation;
+
+        fs.sync_writes().await;
+        let log_meta = env.client.get_object("b", "log.bin").await.expect("log");
+        assert_eq!(log_meta.size, 3000, "appended bytes are durable");
+        let still = env.client.get_object("b", "edit.bin").await.expect("f");
+        assert_eq!(
+            still.generation, before,
+            "a half-edited file is not published"
+        );
+
+        fs.stop_writes().await;
+        let after = env.client.get_object("b", "edit.bin").await.expect("f");
+        assert_ne!(after.generation, before, "stopping publishes the edit");
+        assert_eq!(
+            fs.write(log.fh, 3000, vec![2u8; 1].into())
+                .await
+                .map(|_| ()),
+            Err(Errno::EIO),
+            "writes are refused once stopped"
+        );
+        fs.release_write(log.fh).await;
+        fs.release_write(edit.fh).await;
+    });
+}

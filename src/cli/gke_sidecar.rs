@@ -170,12 +170,12 @@ pub fn run(args: GkeSidecarArgs, log_level: Option<String>) -> anyhow::Result<()
                         break tracing::info!("SIGTERM received");
                     }
                     // A regular sidecar container gets SIGTERM with the pod's other
-                    // containers, which may still be writing: it makes what they wrote
+                    // containers, which may still be writing: it makes what they appended
                     // durable and goes on serving until the exit file says they ended.
-                    tracing::info!("SIGTERM received: making writes durable, serving on until the exit file");
                     for (_, mounted) in &served {
                         mounted.sync_writes().await;
                     }
+                    tracing::info!("SIGTERM received: appended bytes made durable, serving on until the exit file");
                 }
                 _ = appears(&exit_file), if !native => {
                     tracing::info!("exit file found: the pod's other containers have ended");

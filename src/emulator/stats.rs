@@ -32,7 +32,8 @@ pub struct StatsSnapshot {
     pub read_messages: u64,
     /// Streams and calls ended by an injected fault (cut, unavailable, redirect).
     pub faults_injected: u64,
-    /// Calls and stream opens held back by the injected latency.
+    /// Unary calls and write-stream opens held back by the injected latency (read streams
+    /// delay each message instead, uncounted).
     pub delays_injected: u64,
     /// Read chunks whose size and range the chaos fault picked at random.
     pub chaos_chunks: u64,

@@ -3,6 +3,7 @@
 //! other writing handles of its inode; a directory handle's cursor (the listing it reads).
 
 use super::dir::Listing;
+use super::lock;
 use super::read::Handle as ReadSide;
 use super::write::FileWriter;
 use std::collections::HashMap;
@@ -37,8 +38,7 @@ impl Handles {
     }
 
     fn table(&self) -> MutexGuard<'_, HashMap<u64, Open>> {
-        // A poisoned lock only means another request panicked mid-update of plain data.
-        self.open.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.open)
     }
 
     fn add(&self, open: Open) -> u64 {

@@ -306,7 +306,7 @@ impl Fs {
     /// `None`: ask `open`. Must run inside the runtime (prefetch may start).
     pub fn open_cached(&self, ino: u64, direct: bool) -> Option<Opened> {
         let inode = self.inode(ino).ok()?;
-        if inode.kind == Kind::Dir || self.inner.writes.has_writer(ino) {
+        if inode.kind == Kind::Dir || self.inner.writes.is_writing(ino) {
             return None;
         }
         let meta = self.inner.sb.cached_meta(&inode)?;
@@ -326,14 +326,23 @@ impl Fs {
 
     /// Reads up to `size` bytes at `offset` of open file `fh`, from the version it opened.
     pub async fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Bytes> {
-        if let Some(fw) = self.inner.handles.writer(fh) {
-            if let Some(staged) = self.inner.writes.read_staged(&fw, offset, size).await {
+        let writer = self.inner.handles.writer(fh);
+        if let Some(fw) = &writer {
+            if let Some(staged) = self.inner.writes.read_staged(fw, offset, size).await {
                 return staged;
             }
         }
         let mut handle = self.inner.handles.read_side(fh).ok_or(Errno::EBADF)?;
-        if offset.saturating_add(u64::from(size)) > handle.size() {
-            handle = self.catch_up(fh, handle).await?;
+        if let Some(fw) = writer.filter(|_| offset.saturating_add(u64::from(size)) > handle.size())
+        {
+            handle = match self.catch_up(fh, &fw, handle).await? {
+                Some(h) => h,
+                // The writer turned staged meanwhile: its staged copy holds the bytes.
+                None => {
+                    let staged = self.inner.writes.read_staged(&fw, offset, size).await;
+                    return staged.unwrap_or(Err(Errno::EIO));
+                }
+            };
         }
         match self
             .inner

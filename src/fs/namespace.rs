@@ -217,9 +217,9 @@ impl Fs {
         Ok(())
     }
 
-    /// Moves file `src` to key `to`: pending writes are made durable first, the source must
-    /// still be the generation this mount knows (retried once with the live one when it
-    /// changed), and the inode follows the object.
+    /// Moves file `src` to key `to`: pending writes are made durable first, and the source
+    /// must still be the generation this mount knows (retried once with the live one when it
+    /// changed). The caller tells the superblock, which moves the inode along.
     async fn move_file(&self, src: &Inode, to: &str, noreplace: bool) -> FsResult<()> {
         let i = &self.inner;
         i.writes.settle(src.ino).await?;

@@ -135,9 +135,9 @@ impl Superblock {
         if let Some(found) = self.listed(&dir, name) {
             return found;
         }
-        let i = self;
         let neg_key = (parent, name.to_string());
-        if i.negative
+        if self
+            .negative
             .as_ref()
             .is_some_and(|c| c.contains_key(&neg_key))
         {
@@ -153,7 +153,11 @@ impl Superblock {
         }
         // One call finds the object and the folder of that name together; only a page
         // crowded with names between the two (`name.1`, `name.2`, ...) needs two calls.
-        let (obj, sub) = match i.client.list_page(&i.bucket, &name_probe(&fkey)).await {
+        let (obj, sub) = match self
+            .client
+            .list_page(&self.bucket, &name_probe(&fkey))
+            .await
+        {
             Ok(page) if page.next_page_token.is_empty() => {
                 let obj = page.objects.iter().find(|o| o.name == fkey).cloned();
                 let missing = || gcs::Error::NotFound(fkey.clone());
@@ -164,27 +168,27 @@ impl Superblock {
                 // Finds empty folders too (see `dir_probe`).
                 let probe = dir_probe(&dkey);
                 tokio::join!(
-                    i.client.get_object(&i.bucket, &fkey),
-                    i.client.list_page(&i.bucket, &probe)
+                    self.client.get_object(&self.bucket, &fkey),
+                    self.client.list_page(&self.bucket, &probe)
                 )
             }
         };
         match (obj, sub) {
             (obj, Ok(page)) if page.prefixes.contains(&dkey) => {
                 if obj.is_ok() {
-                    i.warnings.warn(&fkey);
+                    self.warnings.warn(&fkey);
                 }
-                let inode = i.inodes.lookup(&dkey, Kind::Dir, None);
+                let inode = self.inodes.lookup(&dkey, Kind::Dir, None);
                 Ok(inode)
             }
             (Ok(meta), _) => {
-                let inode = i
+                let inode = self
                     .inodes
                     .lookup(&fkey, Kind::File, Some(ObjMeta::from(&meta)));
                 Ok(inode)
             }
             (Err(gcs::Error::NotFound(_)), Ok(_) | Err(gcs::Error::NotFound(_))) => {
-                if let Some(c) = &i.negative {
+                if let Some(c) = &self.negative {
                     c.insert(neg_key, ());
                 }
                 Err(Errno::ENOENT)
@@ -201,13 +205,12 @@ impl Superblock {
     /// the directory is large, listings are not cached, or the call failed; the caller asks
     /// for what it needs by name.
     pub(super) async fn whole_listing(&self, dkey: &str) -> Option<Arc<Listing>> {
-        let i = self;
-        let (listings, large) = (i.listings.as_ref()?, i.large_dirs.as_ref()?);
+        let (listings, large) = (self.listings.as_ref()?, self.large_dirs.as_ref()?);
         if large.contains_key(dkey) {
             return None;
         }
         let call = {
-            let mut now = lock(&i.listing_now);
+            let mut now = lock(&self.listing_now);
             match now.get(dkey) {
                 Some(call) => call.clone(),
                 None => {
@@ -217,7 +220,7 @@ impl Superblock {
                     // vouches for the names it lacks (see `listed`).
                     if let Some(listing) = listings
                         .get(dkey)
-                        .filter(|l| l.listed_at.elapsed() < i.negative_ttl)
+                        .filter(|l| l.listed_at.elapsed() < self.negative_ttl)
                     {
                         return Some(listing);
                     }
@@ -227,10 +230,10 @@ impl Superblock {
         };
         let listing = call
             .get_or_init(|| async {
-                let req = list_request(dkey, i.list_options.page_size);
-                match i.client.list_page(&i.bucket, &req).await {
+                let req = list_request(dkey, self.list_options.page_size);
+                match self.client.list_page(&self.bucket, &req).await {
                     Ok(page) if page.next_page_token.is_empty() => {
-                        let listing = Arc::new(merge(dkey, vec![page], &i.warnings));
+                        let listing = Arc::new(merge(dkey, vec![page], &self.warnings));
                         listings.insert(dkey.to_string(), listing.clone());
                         Some(listing)
                     }
@@ -246,7 +249,7 @@ impl Superblock {
             })
             .await
             .clone();
-        let mut now = lock(&i.listing_now);
+        let mut now = lock(&self.listing_now);
         if now.get(dkey).is_some_and(|c| Arc::ptr_eq(c, &call)) {
             now.remove(dkey);
         }
@@ -265,27 +268,25 @@ impl Superblock {
 
     /// What the cached listing of `dir` says of `name`, if it vouches for it.
     fn listed(&self, dir: &Inode, name: &str) -> Option<FsResult<Arc<Inode>>> {
-        let i = self;
-        let listing = i.listings.as_ref()?.get(&dir.key())?;
+        let listing = self.listings.as_ref()?.get(&dir.key())?;
         // A listing answers for the names it holds as long as it is kept, but for a name it
         // lacks only as long as a negative entry would: an object created elsewhere then
         // shows up as soon as it would without the listing.
         match self.lookup_in(dir, &listing, name) {
-            Err(Errno::ENOENT) if listing.listed_at.elapsed() >= i.negative_ttl => None,
+            Err(Errno::ENOENT) if listing.listed_at.elapsed() >= self.negative_ttl => None,
             found => Some(found),
         }
     }
 
     /// Resolves `name` from `listing`, the listing of directory `dir`.
     fn lookup_in(&self, dir: &Inode, listing: &Listing, name: &str) -> FsResult<Arc<Inode>> {
-        let i = self;
         let found = listing.find(name).ok_or(Errno::ENOENT)?;
         Ok(match found.kind {
-            Kind::Dir => i
+            Kind::Dir => self
                 .inodes
                 .lookup(&names::dir_key(&dir.key(), name), Kind::Dir, None),
             Kind::File => {
-                i.inodes
+                self.inodes
                     .lookup(&names::file_key(&dir.key(), name), Kind::File, found.meta)
             }
         })
@@ -301,10 +302,9 @@ impl Superblock {
         if let Some(m) = self.cached_meta(inode) {
             return Ok(m);
         }
-        let i = self;
-        let meta = i
+        let meta = self
             .client
-            .get_object(&i.bucket, &inode.key())
+            .get_object(&self.bucket, &inode.key())
             .await
             .map_err(|e| error::log_err("stat", &inode.key(), &e))?;
         Ok(inode.refresh(ObjMeta::from(&meta)))
@@ -320,22 +320,21 @@ impl Superblock {
 
     /// The listing of directory `ino`: the cached one while fresh, else listed again.
     pub(super) async fn listing(&self, ino: u64) -> FsResult<Arc<Listing>> {
-        let i = self;
         let dir = self.dir_inode(ino)?;
-        if let Some(l) = i.listings.as_ref().and_then(|c| c.get(&dir.key())) {
+        if let Some(l) = self.listings.as_ref().and_then(|c| c.get(&dir.key())) {
             return Ok(l);
         }
         let listing = list_dir(
-            &i.client,
-            &i.bucket,
+            &self.client,
+            &self.bucket,
             &dir.key(),
-            &i.warnings,
-            i.list_options,
+            &self.warnings,
+            self.list_options,
         )
         .await
         .map(Arc::new)
         .map_err(|e| error::log_err("list", &dir.key(), &e))?;
-        if let Some(c) = &i.listings {
+        if let Some(c) = &self.listings {
             c.insert(dir.key(), listing.clone());
         }
         Ok(listing)

@@ -21,6 +21,7 @@
 
 use super::error::{log_err, Errno, FsResult};
 use super::inode::{Inode, ObjMeta};
+use super::lock;
 use super::staging::{StagedFile, Staging};
 use super::write_budget::{permits_for, Held};
 use crate::config::WriteConfig;
@@ -28,7 +29,7 @@ use crate::gcs::{self, AppendWriter, Client, ObjectMeta};
 use bytes::Bytes;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 use tokio::sync::Semaphore;
 
@@ -90,9 +91,23 @@ pub struct Writes {
     stopped: tokio::sync::RwLock<bool>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A poisoned lock only means another request panicked mid-update of plain data.
-    m.lock().unwrap_or_else(|p| p.into_inner())
+/// Flushes the stream of `fw`, whose state `st` is `Open`; a failure fails the writer.
+async fn persist_stream(fw: &FileWriter, st: &mut State) -> FsResult<()> {
+    let State::Open { w, held } = st else {
+        return Ok(());
+    };
+    match w.flush().await {
+        Ok(persisted) => {
+            held.settle(0);
+            note_size(&fw.inode, persisted);
+            Ok(())
+        }
+        Err(e) => {
+            let errno = log_err("fsync", &fw.inode.key(), &e);
+            *st = State::Failed(errno);
+            Err(errno)
+        }
+    }
 }
 
 /// Records `size` (and now as mtime) as the inode's current size, keeping its generation.
@@ -123,21 +138,19 @@ impl Writes {
     /// One more handle writes `inode`: it joins the inode's writer if it has one, else
     /// starts one from `start` (a fresh stream, or the generation to take over later).
     fn attach(&self, inode: &Arc<Inode>, start: impl FnOnce() -> (State, u64)) -> Arc<FileWriter> {
-        {
-            let mut by_ino = lock(&self.by_ino);
-            let entry = by_ino.entry(inode.ino).or_insert_with(|| {
-                let (state, size) = start();
-                let fw = Arc::new(FileWriter {
-                    inode: inode.clone(),
-                    size: AtomicU64::new(size),
-                    exact: std::sync::atomic::AtomicBool::new(false),
-                    state: tokio::sync::Mutex::new(state),
-                });
-                (fw, 0)
+        let mut by_ino = lock(&self.by_ino);
+        let entry = by_ino.entry(inode.ino).or_insert_with(|| {
+            let (state, size) = start();
+            let fw = Arc::new(FileWriter {
+                inode: inode.clone(),
+                size: AtomicU64::new(size),
+                exact: std::sync::atomic::AtomicBool::new(false),
+                state: tokio::sync::Mutex::new(state),
             });
-            entry.1 += 1;
-            entry.0.clone()
-        }
+            (fw, 0)
+        });
+        entry.1 += 1;
+        entry.0.clone()
     }
 
     /// A handle writes the object just created as `inode` through `w`.
@@ -202,20 +215,28 @@ impl Writes {
     /// written so far durable: what a stopping daemon does before it unmounts.
     pub async fn stop(&self) {
         *self.stopped.write().await = true;
-        self.sync_all().await;
-    }
-
-    /// Makes every byte written so far durable, writes going on.
-    pub async fn sync_all(&self) {
-        let writers: Vec<Arc<FileWriter>> = lock(&self.by_ino)
-            .values()
-            .map(|(fw, _)| fw.clone())
-            .collect();
-        for fw in writers {
+        for fw in self.writers() {
             if let Err(e) = self.flush(&fw).await {
                 tracing::error!(key = %fw.inode.key(), errno = e.0, "making written bytes durable failed");
             }
         }
+    }
+
+    /// Makes every appended byte durable, writes going on. A staged (rewritten) file is left
+    /// to its fsync or close: uploading it half-edited would replace the version before it.
+    pub async fn persist_all_appends(&self) {
+        for fw in self.writers() {
+            if let Err(e) = self.persist_appends(&fw).await {
+                tracing::error!(key = %fw.inode.key(), errno = e.0, "making appended bytes durable failed");
+            }
+        }
+    }
+
+    fn writers(&self) -> Vec<Arc<FileWriter>> {
+        lock(&self.by_ino)
+            .values()
+            .map(|(fw, _)| fw.clone())
+            .collect()
     }
 
     async fn write_through(&self, fw: &Arc<FileWriter>, offset: u64, data: Bytes) -> FsResult<u32> {
@@ -458,26 +479,23 @@ impl Writes {
                 Ok(())
             }
             State::Staged(_) => Ok(()),
-            State::Open { w, held } => match w.flush().await {
-                Ok(persisted) => {
-                    held.settle(0);
-                    note_size(&fw.inode, persisted);
-                    Ok(())
-                }
-                Err(e) => {
-                    let errno = log_err("fsync", &fw.inode.key(), &e);
-                    *st = State::Failed(errno);
-                    Err(errno)
-                }
-            },
+            State::Open { .. } => persist_stream(fw, &mut st).await,
             State::Failed(e) => Err(*e),
             State::Idle { .. } | State::Done => Ok(()),
         }
     }
 
-    /// True when inode `ino` has a writer through this mount (`settle` has work to do).
-    pub fn has_writer(&self, ino: u64) -> bool {
-        lock(&self.by_ino).contains_key(&ino)
+    /// Makes the appends streamed through `fw` durable, and nothing else: a staged copy is
+    /// uploaded only at fsync and close, never half-edited. False when `fw` is staged (its
+    /// bytes are read from the staged copy).
+    pub async fn persist_appends(&self, fw: &FileWriter) -> FsResult<bool> {
+        let mut st = fw.state.lock().await;
+        match &*st {
+            State::Staged(_) => Ok(false),
+            State::Open { .. } => persist_stream(fw, &mut st).await.map(|()| true),
+            State::Failed(e) => Err(*e),
+            State::Idle { .. } | State::Done => Ok(true),
+        }
     }
 
     /// Makes the service hold everything written to `ino` so far, so a new reader sees it.

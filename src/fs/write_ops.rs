@@ -4,7 +4,7 @@
 
 use super::error::{log_err, Errno, FsResult};
 use super::inode::{Kind, ObjMeta};
-use super::{names, read, Attr, Entry, Fs, Opened};
+use super::{names, read, write, Attr, Entry, Fs, Opened};
 use bytes::Bytes;
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -85,9 +85,16 @@ impl Fs {
     pub async fn open_write(&self, ino: u64, truncate: bool) -> FsResult<Opened> {
         self.writable()?;
         let opened = self.open(ino, false, false).await?;
-        let inode = self.inode(ino)?;
-        let Some(meta) = inode.meta().0 else {
-            return Err(Errno::EIO);
+        let known = self.inode(ino).map(|inode| {
+            let meta = inode.meta().0;
+            (inode, meta)
+        });
+        let (inode, meta) = match known {
+            Ok((inode, Some(meta))) => (inode, meta),
+            Ok((_, None)) | Err(_) => {
+                self.release(opened.fh);
+                return Err(Errno::EIO);
+            }
         };
         let fw = self
             .inner
@@ -113,32 +120,33 @@ impl Fs {
         self.inner.writes.write(&fw, offset, data).await
     }
 
-    /// A read-write handle reading past the size its read side opened at may be reading its
-    /// own appends, which exist only in its write stream until persisted: they are made
-    /// durable, and the handle reads on from the size the object has now. Any other handle
-    /// keeps the version it opened.
+    /// Handle `fh`, writing through `fw` and reading past the size its read side opened at,
+    /// may be reading its own appends, which exist only in its write stream until persisted:
+    /// they are made durable, and the handle reads on from the size the object has now. (A
+    /// handle that does not write keeps the version it opened.) `None`: the writer turned
+    /// staged meanwhile, so the bytes are in its staged copy.
     pub(super) async fn catch_up(
         &self,
         fh: u64,
+        fw: &write::FileWriter,
         handle: Arc<read::Handle>,
-    ) -> FsResult<Arc<read::Handle>> {
+    ) -> FsResult<Option<Arc<read::Handle>>> {
         let i = &self.inner;
-        let Some(fw) = i.handles.writer(fh) else {
-            return Ok(handle);
-        };
         let (inode, written) = fw.written();
         if written <= handle.size() {
-            return Ok(handle);
+            return Ok(Some(handle));
         }
-        i.writes.flush(&fw).await?;
+        if !i.writes.persist_appends(fw).await? {
+            return Ok(None);
+        }
         let Some(meta) = inode.meta().0 else {
-            return Ok(handle);
+            return Ok(Some(handle));
         };
         let fresh = Arc::new(i.reads.open(&inode.key(), &meta, handle.direct()));
         if let Some(old) = i.handles.replace_read_side(fh, fresh.clone()) {
             i.reads.release(&old);
         }
-        Ok(fresh)
+        Ok(Some(fresh))
     }
 
     /// Refuses writes from now on (EIO), waits for those in flight, and makes every byte
@@ -147,10 +155,11 @@ impl Fs {
         self.inner.writes.stop().await;
     }
 
-    /// Makes every byte written so far durable while writes go on (a sidecar told to stop
-    /// that must keep serving until its pod's other containers end).
+    /// Makes every appended byte durable while writes go on (a sidecar told to stop that must
+    /// keep serving until its pod's other containers end). Rewritten (staged) files are
+    /// uploaded at their own fsync or close, never half-edited.
     pub async fn sync_writes(&self) {
-        self.inner.writes.sync_all().await;
+        self.inner.writes.persist_all_appends().await;
     }
 
     /// `close(2)` and `fsync(2)`: returns once the service persisted every byte written.

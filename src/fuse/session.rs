@@ -199,7 +199,8 @@ impl Mounted {
         self.fs.stop_writes().await;
     }
 
-    /// Makes every byte written so far durable while the mount goes on serving.
+    /// Makes every appended byte durable while the mount goes on serving (a rewritten file
+    /// waits for its own close).
     pub async fn sync_writes(&self) {
         self.fs.sync_writes().await;
     }

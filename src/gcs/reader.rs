@@ -612,7 +612,10 @@ impl Session {
             self.redirected = false;
             self.prune_cancelled();
             if self.ranges.is_empty() {
+                // Nothing to read: the failure is over. Its status must not decide the next
+                // reconnect (a redirect's ABORTED would count as final there).
                 self.failing = false;
+                self.last_error = None;
                 return Ok(());
             }
             self.counters.reconnects.fetch_add(1, Ordering::Relaxed);
@@ -626,6 +629,7 @@ impl Session {
             match self.open_stream(self.spec(true), first).await {
                 Ok(conn) => {
                     self.conn = Some(conn);
+                    self.last_error = None;
                     self.unsent = ids.split_off(ids.len().min(MAX_RANGES_PER_MESSAGE));
                     self.last_activity = Instant::now();
                     return Ok(());
