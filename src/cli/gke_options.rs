@@ -25,24 +25,6 @@ const SET_BY_SIDECAR: [&str; 10] = [
     "o",
 ];
 
-/// Options of the kernel mount: the node server applied them when it mounted `/dev/fuse`.
-const KERNEL: [&str; 14] = [
-    "allow_other",
-    "default_permissions",
-    "dev",
-    "nodev",
-    "suid",
-    "nosuid",
-    "exec",
-    "noexec",
-    "atime",
-    "noatime",
-    "sync",
-    "async",
-    "dirsync",
-    "rw",
-];
-
 /// gcsfuse flags that rapidfs accepts without effect, and why.
 const NO_EFFECT: [(&str, &str); 25] = [
     ("app-name", "rapidfs sends no application name"),
@@ -307,7 +289,8 @@ fn flag(name: &str, value: Option<&str>, cfg: &mut Config) -> Result<Effect, Str
                 .find(|(n, _)| *n == name)
                 .map_or("", |(_, why)| *why)
         )),
-        (name, _) if KERNEL.contains(&name) => {
+        (name, _) if super::mount_helper::is_kernel_option(name) => {
+            // The node server applied it when it mounted /dev/fuse.
             Ok(Effect::Ignored("the node applied it when it mounted"))
         }
         (name, _) if SET_BY_SIDECAR.contains(&name) => {

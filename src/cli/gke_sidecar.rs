@@ -11,7 +11,7 @@
 //! Job) end it: writes are made durable first, then it exits 0.
 
 use super::gke_options;
-use super::mount::{check_fuse_fd, connect, tune_allocator, ConnectError};
+use super::mount::{check_fuse_fd, connect, stop_signals, tune_allocator, ConnectError};
 use crate::config::{Config, LogFormat};
 use crate::fuse::Mounted;
 use anyhow::Context;
@@ -128,14 +128,7 @@ pub fn run(args: GkeSidecarArgs, log_level: Option<String>) -> anyhow::Result<()
         .thread_name("rapidfs")
         .build()
         .context("starting the runtime")?;
-    let (mut sigint, mut sigterm) = {
-        let _guard = rt.enter();
-        use tokio::signal::unix::{signal, SignalKind};
-        (
-            signal(SignalKind::interrupt()).context("installing SIGINT handler")?,
-            signal(SignalKind::terminate()).context("installing SIGTERM handler")?,
-        )
-    };
+    let (mut sigint, mut sigterm) = stop_signals(&rt)?;
     let metrics = metrics_handle(&rt, &ready, &base);
     // Buckets are checked all at once: one that does not answer delays no other volume.
     let connected = rt.block_on(futures::future::join_all(
@@ -223,15 +216,8 @@ fn offered_volumes(volumes_dir: &Path) -> Vec<Volume> {
 /// Takes the volume's descriptor and message, and maps its options onto the config.
 fn prepare(volume: &Volume, base: &Config, buffer_dir: &Path) -> Result<Ready, String> {
     let socket = volume.dir.join("socket");
-    let conn = std::os::unix::net::UnixStream::connect(&socket)
-        .map_err(|e| format!("cannot connect to {}: {e}", socket.display()))?;
-    let (message, fd) = crate::fuse::receive_message(
-        &conn,
-        crate::fuse::MESSAGE_LIMIT,
-        crate::fuse::MESSAGE_QUIET,
-    )
-    .map_err(|e| format!("cannot receive the mount from {}: {e}", socket.display()))?;
-    drop(conn);
+    let (message, fd) = crate::fuse::receive_message(&socket)
+        .map_err(|e| format!("cannot receive the mount from {}: {e}", socket.display()))?;
     // The node server is done with it; a restarted sidecar finds no stale socket.
     let _ = std::fs::remove_file(&socket);
     check_fuse_fd(

@@ -169,16 +169,10 @@ fn run_mount(
 /// The mountpoint checked, or the descriptor taken over (`/dev/fd/N`) or received.
 fn target(args: &MountArgs) -> anyhow::Result<Target> {
     if let Some(sock) = &args.fuse_fd_socket {
-        let conn = std::os::unix::net::UnixStream::connect(sock)
-            .map_err(|e| anyhow!("--fuse-fd-socket {}: {e}", sock.display()))?;
         // The whole message is read so the sender sees it taken; its words (the GKE node
         // server's JSON of bucket and options) do not override this command line.
-        let (_message, fd) = crate::fuse::receive_message(
-            &conn,
-            crate::fuse::MESSAGE_LIMIT,
-            crate::fuse::MESSAGE_QUIET,
-        )
-        .map_err(|e| anyhow!("--fuse-fd-socket {}: {e}", sock.display()))?;
+        let (_message, fd) = crate::fuse::receive_message(sock)
+            .map_err(|e| anyhow!("--fuse-fd-socket {}: {e}", sock.display()))?;
         check_fuse_fd(fd.as_raw_fd(), &sock.display().to_string())?;
         return Ok(Target::Fd(fd));
     }
@@ -397,14 +391,7 @@ fn serve(
     if zonal.worth_saying() {
         ready.note(&format!("{}: {}", zonal.severity(), zonal.message()));
     }
-    let (mut sigint, mut sigterm) = {
-        let _guard = rt.enter();
-        use tokio::signal::unix::{signal, SignalKind};
-        (
-            signal(SignalKind::interrupt()).context("installing SIGINT handler")?,
-            signal(SignalKind::terminate()).context("installing SIGTERM handler")?,
-        )
-    };
+    let (mut sigint, mut sigterm) = stop_signals(&rt)?;
     // The source as mount(8) knows it, so `mount -a` sees the fstab line is already mounted.
     let settings = MountSettings {
         fsname: args.bucket.clone(),
@@ -458,6 +445,18 @@ fn serve(
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// SIGINT and SIGTERM, the signals that stop a daemon, as streams on `rt`.
+pub(super) fn stop_signals(
+    rt: &tokio::runtime::Runtime,
+) -> anyhow::Result<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let _guard = rt.enter();
+    Ok((
+        signal(SignalKind::interrupt()).context("installing SIGINT handler")?,
+        signal(SignalKind::terminate()).context("installing SIGTERM handler")?,
+    ))
 }
 
 /// Starts the mount's control socket (hints, warm-up, stats) and says where it is; a mount

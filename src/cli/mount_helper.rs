@@ -41,6 +41,11 @@ const KERNEL: [&str; 16] = [
     "dirsync",
 ];
 
+/// Whether `name` is an option of the kernel mount rather than of rapidfs.
+pub(super) fn is_kernel_option(name: &str) -> bool {
+    KERNEL.contains(&name)
+}
+
 /// fstab and mount(8) bookkeeping with nothing to do once rapidfs runs.
 const IGNORED: [&str; 8] = [
     "_netdev", "auto", "noauto", "user", "nouser", "users", "owner", "defaults",

@@ -20,6 +20,21 @@ pub struct DirItem<'a> {
     pub name: &'a str,
 }
 
+/// The entries `.` and `..` of directory `ino` (both its own inode: the kernel fills in the
+/// parent) from `offset` on; the listing's entries follow at offset 3.
+fn dots(ino: u64, offset: u64) -> impl Iterator<Item = DirItem<'static>> {
+    [".", ".."]
+        .into_iter()
+        .enumerate()
+        .filter(move |(n, _)| offset <= *n as u64)
+        .map(move |(n, name)| DirItem {
+            ino,
+            offset: n as u64 + 1,
+            kind: Kind::Dir,
+            name,
+        })
+}
+
 impl Fs {
     /// Opens directory `ino` for reading.
     pub fn opendir(&self, ino: u64) -> FsResult<u64> {
@@ -52,17 +67,9 @@ impl Fs {
     ) -> FsResult<()> {
         let (ino, listing) = self.dir_listing(fh, offset).await?;
         let dir = self.dir_inode(ino)?;
-        for (n, name) in [".", ".."].into_iter().enumerate() {
-            if offset <= n as u64 {
-                let item = DirItem {
-                    ino,
-                    offset: n as u64 + 1,
-                    kind: Kind::Dir,
-                    name,
-                };
-                if add(&item) {
-                    return Ok(());
-                }
+        for item in dots(ino, offset) {
+            if add(&item) {
+                return Ok(());
             }
         }
         let dir_key = dir.key();
@@ -95,18 +102,10 @@ impl Fs {
     ) -> FsResult<()> {
         let (ino, listing) = self.dir_listing(fh, offset).await?;
         let dir = self.dir_inode(ino)?;
-        for (n, name) in [".", ".."].into_iter().enumerate() {
-            if offset <= n as u64 {
-                let item = DirItem {
-                    ino,
-                    offset: n as u64 + 1,
-                    kind: Kind::Dir,
-                    name,
-                };
-                // The kernel takes no lookup on `.` and `..`.
-                if add(&item, &self.entry(&dir)) {
-                    return Ok(());
-                }
+        for item in dots(ino, offset) {
+            // The kernel takes no lookup on `.` and `..`.
+            if add(&item, &self.entry(&dir)) {
+                return Ok(());
             }
         }
         let dir_key = dir.key();

@@ -11,14 +11,14 @@ use std::path::Path;
 use std::process::Command;
 
 /// The longest message a descriptor comes with: what the GKE CSI driver's sidecar accepts.
-pub const MESSAGE_LIMIT: usize = 5000;
+const MESSAGE_LIMIT: usize = 5000;
 
 /// How long a sender may pause inside its message before it is taken to be complete.
-pub const MESSAGE_QUIET: std::time::Duration = std::time::Duration::from_millis(500);
+const MESSAGE_QUIET: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// How long a sender may take to send the descriptor at all: a peer that accepted the
 /// connection and says nothing must not hang the daemon.
-pub const MESSAGE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+const MESSAGE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 fn option_string(o: &MountOption) -> String {
     match o {
@@ -109,21 +109,20 @@ pub fn receive_fd(sock: &UnixStream) -> io::Result<OwnedFd> {
     receive_with_fd(sock, &mut byte).map(|(_, fd)| fd)
 }
 
-/// Receives a descriptor and the whole message sent with it, up to `limit` bytes, reading
-/// until the sender closes the connection (the GKE CSI driver's node server sends its JSON
-/// and the descriptor in one `sendmsg`, then closes). A sender that stays silent for
-/// `quiet` after the first part is taken to have said everything.
-pub fn receive_message(
-    sock: &UnixStream,
-    limit: usize,
-    quiet: std::time::Duration,
-) -> io::Result<(Vec<u8>, OwnedFd)> {
+/// Connects to the unix socket at `path` and receives a descriptor and the whole message
+/// sent with it, up to `MESSAGE_LIMIT` bytes, reading until the sender closes the connection
+/// (the GKE CSI driver's node server sends its JSON and the descriptor in one `sendmsg`,
+/// then closes). A sender silent for `MESSAGE_QUIET` after the first part is taken to have
+/// said everything.
+pub fn receive_message(path: &Path) -> io::Result<(Vec<u8>, OwnedFd)> {
     use std::io::Read;
+    let sock = UnixStream::connect(path)?;
+    let limit = MESSAGE_LIMIT;
     let mut message = vec![0u8; limit];
     sock.set_read_timeout(Some(MESSAGE_WAIT))?;
-    let (mut len, fd) = receive_with_fd(sock, &mut message)?;
-    sock.set_read_timeout(Some(quiet))?;
-    let mut reader = sock;
+    let (mut len, fd) = receive_with_fd(&sock, &mut message)?;
+    sock.set_read_timeout(Some(MESSAGE_QUIET))?;
+    let mut reader = &sock;
     while len < limit {
         match reader.read(&mut message[len..]) {
             Ok(0) => break,

@@ -24,7 +24,7 @@ use tokio::runtime::Handle;
 mod fusermount;
 mod session;
 
-pub use fusermount::{receive_fd, receive_message, MESSAGE_LIMIT, MESSAGE_QUIET};
+pub use fusermount::{receive_fd, receive_message};
 pub use session::{MountSettings, Mounted};
 
 /// Largest read and write request negotiated with the kernel.

@@ -1,17 +1,21 @@
-//! Shared setup of the `fs` tests without a kernel: the in-process emulator (memory backend,
-//! 127.0.0.1:0) and an `Fs` over it, driven by direct calls as the FUSE adapter would make
-//! them. No /dev/fuse, no mount.
+//! Shared setup of the `fs` tests without a kernel: the mount tests' in-process emulator
+//! (memory backend, 127.0.0.1:0) and an `Fs` over it, driven by direct calls as the FUSE
+//! adapter would make them. No /dev/fuse, no mount.
 #![allow(dead_code)]
 
+#[path = "../mount_support/mod.rs"]
+mod mount_support;
+
+use mount_support::Env;
 use rapidfs::config::Config;
-use rapidfs::emulator::{Emulator, EmulatorOptions, Faults};
+use rapidfs::emulator::Emulator;
 use rapidfs::fs::{Fs, ROOT_INO};
 use rapidfs::gcs::Client;
 
 /// An emulator, a runtime and an `Fs` over one bucket of it.
 pub struct FsEnv {
-    pub rt: tokio::runtime::Runtime,
-    pub emu: Emulator,
+    env: Env,
+    pub rt: tokio::runtime::Handle,
     pub fs: Fs,
     /// A client of the same emulator, for what the test does behind the filesystem's back.
     pub client: Client,
@@ -21,48 +25,36 @@ pub struct FsEnv {
 impl FsEnv {
     /// A memory emulator with `bucket`, and an `Fs` over it configured by `tweak`.
     pub fn new(bucket: &str, tweak: impl FnOnce(&mut Config)) -> FsEnv {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        let opts = EmulatorOptions {
-            root: None,
-            memory: true,
-            zone: "us-central1-a".to_string(),
-            faults: Faults::default(),
-        };
-        let emu = rt
-            .block_on(Emulator::start(opts, "127.0.0.1:0".parse().expect("addr")))
-            .expect("emulator starts");
-        emu.create_bucket(bucket).expect("bucket");
-        let mut cfg = Config::default();
-        cfg.gcs.endpoint = emu.endpoint();
+        let env = Env::new(bucket);
+        let mut cfg = env.config();
         tweak(&mut cfg);
-        let client = rt.block_on(Client::connect(&cfg.gcs)).expect("client");
+        let client = env.rt.block_on(Client::connect(&cfg.gcs)).expect("client");
         let fs = {
-            let _guard = rt.enter();
+            let _guard = env.rt.enter();
             Fs::new(client.clone(), bucket, &cfg)
         };
         FsEnv {
-            rt,
-            emu,
+            rt: env.rt.handle().clone(),
+            env,
             fs,
             client,
             bucket: bucket.to_string(),
         }
     }
 
+    /// The emulator, for its stats.
+    pub fn emu(&self) -> &Emulator {
+        self.env.emu()
+    }
+
     /// Stores `data` as object `name`, behind the filesystem's back.
     pub fn put(&self, name: &str, data: &[u8]) {
-        self.emu
-            .put_object(&self.bucket, name, bytes::Bytes::copy_from_slice(data))
-            .expect("put_object");
+        self.env.put(&self.bucket, name, data);
     }
 
     /// (ListObjects, GetObject) calls the emulator answered so far.
     pub fn calls(&self) -> (u64, u64) {
-        let st = self.emu.stats();
+        let st = self.emu().stats();
         (st.list_calls, st.get_object_calls)
     }
 
