@@ -11,10 +11,9 @@
 //! Job) end it: writes are made durable first, then it exits 0.
 
 use super::gke_options;
-use super::mount::{check_fuse_fd, connect, stop_signals, tune_allocator, ConnectError};
+use super::mount::{check_fuse_fd, connect, daemon_runtime, stop_signals, ConnectError};
 use crate::config::{Config, LogFormat};
 use crate::fuse::Mounted;
-use anyhow::Context;
 use clap::Args;
 use serde::Deserialize;
 use std::os::fd::OwnedFd;
@@ -122,12 +121,7 @@ pub fn run(args: GkeSidecarArgs, log_level: Option<String>) -> anyhow::Result<()
     for (volume, why) in &failed {
         volume.fail(why);
     }
-    tune_allocator();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("rapidfs")
-        .build()
-        .context("starting the runtime")?;
+    let rt = daemon_runtime()?;
     let (mut sigint, mut sigterm) = stop_signals(&rt)?;
     let metrics = metrics_handle(&rt, &ready, &base);
     // Buckets are checked all at once: one that does not answer delays no other volume.

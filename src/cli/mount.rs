@@ -364,12 +364,7 @@ fn serve(
     target: Target,
     ready: &mut Ready,
 ) -> anyhow::Result<()> {
-    tune_allocator();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("rapidfs")
-        .build()
-        .context("starting the runtime")?;
+    let rt = daemon_runtime()?;
     if let Some(addr) = &cfg.metrics.addr {
         let _guard = rt.enter();
         crate::metrics::serve(metrics_addr(addr)?)?;
@@ -447,6 +442,16 @@ fn serve(
     Ok(())
 }
 
+/// The serving daemon's runtime, its allocator tuned first (before any thread exists).
+pub(super) fn daemon_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tune_allocator();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("rapidfs")
+        .build()
+        .context("starting the runtime")
+}
+
 /// SIGINT and SIGTERM, the signals that stop a daemon, as streams on `rt`.
 pub(super) fn stop_signals(
     rt: &tokio::runtime::Runtime,
@@ -500,7 +505,7 @@ fn start_control(
 /// 1-2 MiB that every chunk of a large read passes through are left to glibc's adaptive mmap
 /// threshold, which keeps them in the heap and reuses them: forced into fresh mappings they
 /// were faulted in page by page and unmapped again, a third of a sequential read's CPU.
-pub(super) fn tune_allocator() {
+fn tune_allocator() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only changes allocator parameters; called before any thread exists.
     unsafe {
