@@ -74,6 +74,12 @@ rapidfs is serving $DATA/$BUCKET (through the gRPC emulator) at $MNT. Try:
   python3 -c "import os; print(sum(len(open(os.path.join(d, f), 'rb').read()) for d, _, fs in os.walk('$MNT/train') for f in fs))"
   df -h $MNT
 
-The daemon logs to $DEMO/rapidfs.log. Writes answer EROFS for now.
+Writing works too (close and fsync return once the bytes are in the bucket):
+
+  echo hello > $MNT/notes.txt && cat $DATA/$BUCKET/notes.txt
+  mkdir -p $MNT/out && dd if=/dev/zero of=$MNT/out/shard-0.bin bs=1M count=256 conv=fsync
+  python3 -c "import torch; torch.save({'w': torch.ones(1024, 1024)}, '$MNT/model.pt'); print(torch.load('$MNT/model.pt')['w'].sum())"   # with PyTorch
+
+The daemon logs to $DEMO/rapidfs.log.
 To unmount:  fusermount3 -u $MNT    (or: bash quickstart.sh --unmount)
 MSG
