@@ -52,8 +52,7 @@ impl Fs {
         let i = &self.inner;
         let key = names::file_key(&dir.key(), name);
         let known =
-            i.sb.inodes
-                .find(&key, Kind::File)
+            i.sb.held(&key, Kind::File)
                 .and_then(|n| n.meta().0)
                 .map(|m| m.generation);
         let mut tries = match known {
@@ -103,7 +102,7 @@ impl Fs {
                 e => log_err("mkdir", &dkey, &e),
             })?;
         i.sb.created(parent, name);
-        let inode = i.sb.inodes.lookup(&dkey, Kind::Dir, None);
+        let inode = i.sb.found(&dkey, Kind::Dir, None);
         Ok(self.entry(&inode))
     }
 

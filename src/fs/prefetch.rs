@@ -256,8 +256,7 @@ impl Fs {
                 Upcoming::Load(m)
             }
         };
-        let ino = i.sb.inodes.peek_ino(key, Kind::File);
-        if let Some(inode) = i.sb.inodes.get(ino) {
+        if let Some(inode) = i.sb.held(key, Kind::File) {
             if let Some(m) = inode.meta().0 {
                 // The kernel serves this version from its page cache: loading it again
                 // would only fill our cache with bytes nobody asks for.

@@ -80,7 +80,7 @@ impl Fs {
                 Kind::File => names::file_key(&dir_key, &e.name),
             };
             let item = DirItem {
-                ino: self.inner.sb.inodes.peek_ino(&key, e.kind),
+                ino: self.inner.sb.ino_of(&key, e.kind),
                 offset: n as u64 + 3,
                 kind: e.kind,
                 name: &e.name,
@@ -115,14 +115,13 @@ impl Fs {
                 Kind::Dir => {
                     self.inner
                         .sb
-                        .inodes
-                        .lookup(&names::dir_key(&dir_key, &e.name), Kind::Dir, None)
+                        .found(&names::dir_key(&dir_key, &e.name), Kind::Dir, None)
                 }
-                Kind::File => self.inner.sb.inodes.lookup(
-                    &names::file_key(&dir_key, &e.name),
-                    Kind::File,
-                    e.meta,
-                ),
+                Kind::File => {
+                    self.inner
+                        .sb
+                        .found(&names::file_key(&dir_key, &e.name), Kind::File, e.meta)
+                }
             };
             let item = DirItem {
                 ino: inode.ino,

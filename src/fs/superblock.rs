@@ -74,7 +74,7 @@ pub(super) struct Superblock {
     bucket: String,
     /// The key of the mount's root directory (`only_dir`), empty or ending in `/`.
     pub(super) root_key: String,
-    pub(super) inodes: InodeTable,
+    inodes: InodeTable,
     stat_ttl: Duration,
     /// Listings by directory key (not inode: prefetch lists directories the kernel has not
     /// looked up yet).
@@ -295,6 +295,22 @@ impl Superblock {
     /// The kernel dropped `n` lookups of `ino`.
     pub(super) fn forget(&self, ino: u64, n: u64) {
         self.inodes.forget(ino, n);
+    }
+
+    /// The inode of `key` as found by a listing or a call (`meta` for a file), counting one
+    /// kernel lookup: a new one when the key is new or names another generation now.
+    pub(super) fn found(&self, key: &str, kind: Kind, meta: Option<ObjMeta>) -> Arc<Inode> {
+        self.inodes.lookup(key, kind, meta)
+    }
+
+    /// The inode the kernel holds for `key`, if any, without counting a lookup.
+    pub(super) fn held(&self, key: &str, kind: Kind) -> Option<Arc<Inode>> {
+        self.inodes.find(key, kind)
+    }
+
+    /// The inode number `key` has or will have (readdir reports it without a lookup).
+    pub(super) fn ino_of(&self, key: &str, kind: Kind) -> u64 {
+        self.inodes.peek_ino(key, kind)
     }
 
     /// Current metadata of a file, fetched again once older than the stat TTL.

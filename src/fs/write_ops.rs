@@ -64,7 +64,7 @@ impl Fs {
             mtime: now,
             crtime: now,
         };
-        let inode = i.sb.inodes.lookup(&key, Kind::File, Some(meta));
+        let inode = i.sb.found(&key, Kind::File, Some(meta));
         inode.note_open(meta.identity(), i.prefetch.open_clock(0));
         let fh = i
             .handles
