@@ -1,14 +1,15 @@
 //! The directory backend: every non-hidden sub-directory of the root is a bucket, every file
 //! an object named by its relative path, every directory a folder. Files changed on disk
 //! behind our back are noticed (a new size or mtime is a new generation). Object metadata
-//! (generation, metageneration, finalized or not, CRC32C, persisted size) lives in
-//! `ROOT/.rapidfs-emulator/buckets/BUCKET.json`, written atomically (temp + fsync + rename)
-//! before any size is acknowledged, so it survives a restart. New generations are written
-//! beside the tree and renamed into place, so readers of the old one keep their bytes.
-//! Touches only files under the root.
+//! (generation, metageneration, finalized or not, CRC32C, persisted size) lives under
+//! `ROOT/.rapidfs-emulator/buckets/`: a snapshot and a journal of the changes since (see
+//! `journal.rs`), durable before any size is acknowledged, so it survives a restart, at O(1)
+//! cost a change. New generations are written beside the tree and renamed into place, so
+//! readers of the old one keep their bytes. Touches only files under the root.
 
 use super::content::{Content, Data, Segments, WriteState};
-use super::store::{micros, Backend, BucketState, Entry, Stamp, Store};
+use super::journal::Journals;
+use super::store::{micros, Backend, BucketState, Entry, Stamp, Store, Touched};
 use super::tree::{bucket_dirs, walk};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet};
@@ -27,9 +28,9 @@ const META_DIR: &str = ".rapidfs-emulator";
 /// Objects as files under a root directory.
 pub(crate) struct DirectoryBackend {
     root: PathBuf,
-    meta: PathBuf,
     tmp: PathBuf,
     tmp_counter: AtomicU64,
+    journals: Journals,
 }
 
 /// What the metadata file keeps of one object.
@@ -48,12 +49,6 @@ struct Record {
     stamp: Option<(u64, i128)>,
 }
 
-/// The metadata file of one bucket.
-#[derive(Debug, Default, Serialize, Deserialize)]
-struct BucketFile {
-    objects: BTreeMap<String, Record>,
-}
-
 fn io_status(what: &str, path: &Path, e: io::Error) -> Status {
     let msg = format!("{what} {}: {e}", path.display());
     match e.kind() {
@@ -70,6 +65,21 @@ fn io_status(what: &str, path: &Path, e: io::Error) -> Status {
 
 fn from_us(us: i64) -> SystemTime {
     UNIX_EPOCH + Duration::from_micros(us.max(0) as u64)
+}
+
+/// What the metadata keeps of live object `e`.
+fn record_of(e: &Entry) -> Record {
+    let st = e.content.state();
+    Record {
+        generation: e.content.generation,
+        metageneration: e.metageneration,
+        size: st.persisted,
+        crc32c: st.crc_known.then_some(st.persisted_crc),
+        finalized_us: st.finalized.map(micros),
+        create_us: micros(e.create_time),
+        update_us: micros(st.update_time),
+        stamp: e.stamp,
+    }
 }
 
 fn stamp_of(meta: &fs::Metadata) -> Stamp {
@@ -95,8 +105,8 @@ impl DirectoryBackend {
         fs::create_dir_all(&tmp)
             .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", tmp.display()))?;
         Ok(DirectoryBackend {
+            journals: Journals::new(meta.join("buckets")),
             root,
-            meta,
             tmp,
             tmp_counter: AtomicU64::new(0),
         })
@@ -104,10 +114,6 @@ impl DirectoryBackend {
 
     fn path(&self, bucket: &str, name: &str) -> PathBuf {
         self.root.join(bucket).join(name)
-    }
-
-    fn meta_file(&self, bucket: &str) -> PathBuf {
-        self.meta.join("buckets").join(format!("{bucket}.json"))
     }
 
     fn temp_path(&self) -> PathBuf {
@@ -138,16 +144,6 @@ impl DirectoryBackend {
             fsync_dir(parent).map_err(|e| io_status("fsync", parent, e))?;
         }
         Ok(())
-    }
-
-    fn read_bucket_file(&self, bucket: &str) -> anyhow::Result<BucketFile> {
-        let path = self.meta_file(bucket);
-        match fs::read(&path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map_err(|e| anyhow::anyhow!("corrupt metadata file {}: {e}", path.display())),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(BucketFile::default()),
-            Err(e) => Err(anyhow::anyhow!("cannot read {}: {e}", path.display())),
-        }
     }
 
     /// A finalized entry for a file found on disk (its checksum is not computed).
@@ -240,7 +236,7 @@ impl Backend for DirectoryBackend {
     fn load(&self, store: &Store) -> anyhow::Result<BTreeMap<String, BucketState>> {
         let mut out = BTreeMap::new();
         for bucket in bucket_dirs(&self.root)? {
-            let file = self.read_bucket_file(&bucket)?;
+            let records: BTreeMap<String, Record> = self.journals.load(&bucket)?;
             let now = SystemTime::now();
             let mut state = BucketState::new(now);
             let (mut files, mut folders) = (Vec::new(), Vec::new());
@@ -250,7 +246,7 @@ impl Backend for DirectoryBackend {
             }
             for (name, path) in files {
                 let meta = fs::metadata(&path)?;
-                let Some(rec) = file.objects.get(&name) else {
+                let Some(rec) = records.get(&name) else {
                     let e = self.found_entry(store, path, &meta);
                     state.objects.insert(name, e);
                     continue;
@@ -283,7 +279,7 @@ impl Backend for DirectoryBackend {
                     },
                 );
             }
-            self.save(&bucket, &state)
+            self.save(&bucket, &state, Touched::All)
                 .map_err(|s| anyhow::anyhow!("{}", s.message()))?;
             out.insert(bucket, state);
         }
@@ -439,37 +435,22 @@ impl Backend for DirectoryBackend {
         Data::File(self.path(bucket, name))
     }
 
-    fn save(&self, bucket: &str, state: &BucketState) -> Result<(), Status> {
-        let mut file = BucketFile::default();
-        for (name, e) in &state.objects {
-            let st = e.content.state();
-            file.objects.insert(
-                name.clone(),
-                Record {
-                    generation: e.content.generation,
-                    metageneration: e.metageneration,
-                    size: st.persisted,
-                    crc32c: st.crc_known.then_some(st.persisted_crc),
-                    finalized_us: st.finalized.map(micros),
-                    create_us: micros(e.create_time),
-                    update_us: micros(st.update_time),
-                    stamp: e.stamp,
-                },
-            );
+    fn save(&self, bucket: &str, state: &BucketState, touched: Touched<'_>) -> Result<(), Status> {
+        if let Touched::Names(names) = touched {
+            let changes = names
+                .iter()
+                .map(|n| (n.to_string(), state.objects.get(*n).map(record_of)))
+                .collect();
+            if !self.journals.append(bucket, changes, state.objects.len())? {
+                return Ok(());
+            }
         }
-        let bytes = serde_json::to_vec(&file)
-            .map_err(|e| Status::internal(format!("cannot encode metadata: {e}")))?;
-        let tmp = self.temp_path();
-        let write = || -> io::Result<()> {
-            let mut f = File::create(&tmp)?;
-            f.write_all(&bytes)?;
-            f.sync_all()
-        };
-        write().map_err(|e| io_status("write", &tmp, e))?;
-        let dest = self.meta_file(bucket);
-        fs::rename(&tmp, &dest).map_err(|e| io_status("rename into", &dest, e))?;
-        let dir = self.meta.join("buckets");
-        fsync_dir(&dir).map_err(|e| io_status("fsync", &dir, e))
+        let records = state
+            .objects
+            .iter()
+            .map(|(name, e)| (name.clone(), record_of(e)))
+            .collect();
+        self.journals.snapshot(bucket, records, &self.temp_path())
     }
 
     fn stamp(&self, data: &Data) -> Option<Stamp> {

@@ -3,7 +3,7 @@
 //! tree (read once at start, never written back). Touches no files except that preload.
 
 use super::content::{Content, Data, Segments, WriteState};
-use super::store::{add_parent_folders, Backend, BucketState, Entry, Stamp, Store};
+use super::store::{add_parent_folders, Backend, BucketState, Entry, Stamp, Store, Touched};
 use super::tree::{bucket_dirs, walk};
 use bytes::Bytes;
 use std::collections::BTreeMap;
@@ -122,7 +122,12 @@ impl Backend for MemoryBackend {
         old.clone()
     }
 
-    fn save(&self, _bucket: &str, _state: &BucketState) -> Result<(), Status> {
+    fn save(
+        &self,
+        _bucket: &str,
+        _state: &BucketState,
+        _touched: Touched<'_>,
+    ) -> Result<(), Status> {
         Ok(())
     }
 

@@ -14,6 +14,7 @@ mod control;
 mod directory;
 
 mod faults;
+mod journal;
 mod listing;
 mod memory;
 mod object_proto;

@@ -15,6 +15,16 @@ use tonic::Status;
 /// file no longer looks like this was changed behind our back: a new generation.
 pub(crate) type Stamp = (u64, i128);
 
+/// Which objects' metadata a change touched: a backend that keeps metadata saves only
+/// those (O(1) a change), or everything when the change may have touched any.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Touched<'a> {
+    /// These names, live or gone.
+    Names(&'a [&'a str]),
+    /// Anything: a folder renamed, files found changed on disk.
+    All,
+}
+
 /// One live object: its current generation plus metadata outside the bytes.
 #[derive(Debug, Clone)]
 pub(crate) struct Entry {
@@ -96,8 +106,8 @@ pub(crate) trait Backend: Send + Sync {
     fn rename_folder(&self, bucket: &str, from: &str, to: &str) -> Result<(), Status>;
     /// Where the bytes of `name` live after a folder rename.
     fn data_for(&self, bucket: &str, name: &str, old: &Data) -> Data;
-    /// Writes the metadata of `bucket` durably.
-    fn save(&self, bucket: &str, state: &BucketState) -> Result<(), Status>;
+    /// Writes the metadata of `bucket` durably: of the objects `touched` names, or of all.
+    fn save(&self, bucket: &str, state: &BucketState, touched: Touched<'_>) -> Result<(), Status>;
     /// How the stored bytes look now (size, mtime), if the backend can tell.
     fn stamp(&self, data: &Data) -> Option<Stamp>;
 }
@@ -232,29 +242,32 @@ impl Store {
             Refresh::One(n) => self.backend.refresh_one(self, bucket, state, n)?,
         };
         if changed {
-            self.backend.save(bucket, state)?;
+            self.backend.save(bucket, state, Touched::All)?;
         }
         f(state)
     }
 
-    /// Runs `f` on the bucket's state and saves the metadata afterwards if `f` succeeded.
+    /// Runs `f` on the bucket's state and, if it succeeded, saves the metadata of the
+    /// objects it `touched` (of all of them when the refresh before it changed any).
     fn mutate<T>(
         &self,
         bucket: &str,
         refresh: Refresh<'_>,
+        touched: Touched<'_>,
         f: impl FnOnce(&mut BucketState) -> Result<T, Status>,
     ) -> Result<T, Status> {
         let mut all = self.lock();
         let state = all
             .get_mut(bucket)
             .ok_or_else(|| Status::not_found(format!("bucket {bucket:?} does not exist")))?;
-        match refresh {
+        let refreshed = match refresh {
             Refresh::None => false,
             Refresh::Prefix(p) => self.backend.refresh(self, bucket, state, p)?,
             Refresh::One(n) => self.backend.refresh_one(self, bucket, state, n)?,
         };
         let out = f(state)?;
-        self.backend.save(bucket, state)?;
+        let touched = if refreshed { Touched::All } else { touched };
+        self.backend.save(bucket, state, touched)?;
         Ok(out)
     }
 
@@ -270,7 +283,7 @@ impl Store {
         if !all.contains_key(bucket) {
             self.backend.create_bucket(bucket)?;
             let state = BucketState::new(SystemTime::now());
-            self.backend.save(bucket, &state)?;
+            self.backend.save(bucket, &state, Touched::All)?;
             all.insert(bucket.to_string(), state);
         }
         Ok(())
@@ -308,7 +321,7 @@ impl Store {
         pre: Preconditions,
     ) -> Result<(Entry, ContentWriter), Status> {
         self.check_name(name)?;
-        self.mutate(bucket, Refresh::One(name), |b| {
+        self.mutate(bucket, Refresh::One(name), Touched::Names(&[name]), |b| {
             pre.check(live(b, name))?;
             check_not_folder(b, name)?;
             let data = self.backend.new_appendable(bucket, name)?;
@@ -343,7 +356,7 @@ impl Store {
         let len = segs.len();
         let crc = segs.iter().fold(0u32, |c, s| crc32c::crc32c_append(c, s));
         let segs = Arc::new(RwLock::new(segs));
-        self.mutate(bucket, Refresh::One(name), |b| {
+        self.mutate(bucket, Refresh::One(name), Touched::Names(&[name]), |b| {
             pre.check(live(b, name))?;
             check_not_folder(b, name)?;
             let data = self.backend.materialize(bucket, name, segs)?;
@@ -413,7 +426,7 @@ impl Store {
 
     /// Records durable metadata after a writer synced or finalized `name`.
     pub fn persist(&self, bucket: &str, name: &str, content: &Arc<Content>) -> Result<(), Status> {
-        self.mutate(bucket, Refresh::None, |b| {
+        self.mutate(bucket, Refresh::None, Touched::Names(&[name]), |b| {
             if let Some(e) = b.objects.get_mut(name) {
                 if Arc::ptr_eq(&e.content, content) {
                     e.stamp = self.backend.stamp(&content.data);
@@ -431,7 +444,7 @@ impl Store {
         generation: i64,
         pre: Preconditions,
     ) -> Result<(), Status> {
-        self.mutate(bucket, Refresh::One(name), |b| {
+        self.mutate(bucket, Refresh::One(name), Touched::Names(&[name]), |b| {
             let e = b.objects.get(name).ok_or_else(|| not_found(bucket, name))?;
             if generation != 0 && e.content.generation != generation {
                 return Err(Status::not_found(format!(
@@ -458,20 +471,25 @@ impl Store {
         dst: Preconditions,
     ) -> Result<Entry, Status> {
         self.check_name(to)?;
-        self.mutate(bucket, Refresh::Prefix(""), |b| {
-            let e = b.objects.get(from).ok_or_else(|| not_found(bucket, from))?;
-            src.check(Some((e.content.generation, e.metageneration)))?;
-            dst.check(live(b, to))?;
-            check_not_folder(b, to)?;
-            if from == to {
-                return Ok(e.clone());
-            }
-            let data = self.backend.rename(bucket, from, to, &e.content.data)?;
-            let entry = relocate(b, from, data)?;
-            replace(b, to, entry.clone());
-            add_parent_folders(b, to);
-            Ok(entry)
-        })
+        self.mutate(
+            bucket,
+            Refresh::Prefix(""),
+            Touched::Names(&[from, to]),
+            |b| {
+                let e = b.objects.get(from).ok_or_else(|| not_found(bucket, from))?;
+                src.check(Some((e.content.generation, e.metageneration)))?;
+                dst.check(live(b, to))?;
+                check_not_folder(b, to)?;
+                if from == to {
+                    return Ok(e.clone());
+                }
+                let data = self.backend.rename(bucket, from, to, &e.content.data)?;
+                let entry = relocate(b, from, data)?;
+                replace(b, to, entry.clone());
+                add_parent_folders(b, to);
+                Ok(entry)
+            },
+        )
     }
 
     /// Creates a folder ("a/b/"), with its parents when `recursive`.
@@ -483,7 +501,7 @@ impl Store {
     ) -> Result<SystemTime, Status> {
         check_folder_name(folder)?;
         self.check_name(folder.trim_end_matches('/'))?;
-        self.mutate(bucket, Refresh::Prefix(folder), |b| {
+        self.mutate(bucket, Refresh::Prefix(folder), Touched::Names(&[]), |b| {
             if b.folders.contains_key(folder) {
                 return Err(Status::already_exists(format!(
                     "folder {folder:?} already exists"
@@ -524,7 +542,7 @@ impl Store {
     /// Deletes an empty folder.
     pub fn delete_folder(&self, bucket: &str, folder: &str) -> Result<(), Status> {
         check_folder_name(folder)?;
-        self.mutate(bucket, Refresh::Prefix(folder), |b| {
+        self.mutate(bucket, Refresh::Prefix(folder), Touched::Names(&[]), |b| {
             if !b.folders.contains_key(folder) {
                 return Err(Status::not_found(format!(
                     "folder {folder:?} does not exist"
@@ -555,7 +573,7 @@ impl Store {
         check_folder_name(from)?;
         check_folder_name(to)?;
         self.check_name(to.trim_end_matches('/'))?;
-        self.mutate(bucket, Refresh::Prefix(""), |b| {
+        self.mutate(bucket, Refresh::Prefix(""), Touched::All, |b| {
             if !b.folders.contains_key(from) {
                 return Err(Status::not_found(format!("folder {from:?} does not exist")));
             }
