@@ -8,56 +8,23 @@
 //! message that crosses the limit, so the last MiB of the 64 MiB file is dropped and must be
 //! resent on a new stream before fsync or close may return.
 
+mod daemon_support;
 mod mount_support;
 mod write_support;
 
+use daemon_support::kill;
 use mount_support::Env;
 use rapidfs::emulator::Faults;
 use std::io::Write;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Child;
 use write_support::{bytes, chunk, chunks, client, meta, MIB};
 
 const BUCKET: &str = "crash";
 
-fn is_mounted(path: &Path) -> bool {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
-    let p = path.to_string_lossy();
-    info.lines()
-        .any(|l| l.split(' ').nth(4) == Some(p.as_ref()))
-}
-
 /// The daemon in the foreground on `mnt`, once its mount is live.
 fn daemon(env: &Env, mnt: &Path, extra: &[&str]) -> Child {
-    let child = Command::new(env!("CARGO_BIN_EXE_rapidfs"))
-        .args(["mount", BUCKET, "--foreground"])
-        .arg(mnt)
-        .args(["--endpoint", &env.emu().endpoint()])
-        .args(extra)
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("rapidfs runs");
-    let start = Instant::now();
-    while !is_mounted(mnt) {
-        assert!(start.elapsed() < Duration::from_secs(20), "daemon mounted");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child
-}
-
-/// SIGKILL, reap, and detach the dead mount.
-fn kill(mut child: Child, mnt: &Path) {
-    // SAFETY: signalling our own child process.
-    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGKILL) }, 0);
-    child.wait().expect("wait");
-    let st = Command::new("umount")
-        .arg("-l")
-        .arg(mnt)
-        .status()
-        .expect("umount runs");
-    assert!(st.success(), "umount -l {}", mnt.display());
+    daemon_support::daemon(&env.emu().endpoint(), BUCKET, mnt, extra)
 }
 
 fn cut_every_3_5_mib() -> Faults {
