@@ -1,8 +1,8 @@
 //! StorageControl: GetStorageLayout (a zonal bucket with hierarchical namespace in the
 //! configured zone) and the folder calls. Touches the store.
 
+use super::bucket_names::{bucket_path, parse_bucket};
 use super::object_proto::timestamp;
-use super::store::{bucket_path, parse_bucket};
 use super::Service;
 use crate::proto::control::{
     storage_layout, CreateFolderRequest, DeleteFolderRequest, Folder, GetFolderRequest,

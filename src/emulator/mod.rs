@@ -9,6 +9,7 @@
 //! `auth` (optional TLS and bearer-token check).
 
 mod auth;
+mod bucket_names;
 mod content;
 mod control;
 mod directory;

@@ -1,7 +1,8 @@
 //! The wire form of a stored object: the `Object` message, with the fields a request's
 //! `read_mask` selects, and the time formats it carries.
 
-use super::store::{bucket_path, Entry};
+use super::bucket_names::bucket_path;
+use super::store::Entry;
 use crate::proto::storage::{Object, ObjectChecksums};
 use bytes::Bytes;
 use std::time::{SystemTime, UNIX_EPOCH};

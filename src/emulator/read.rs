@@ -5,11 +5,11 @@
 //! chunk sizes, interleaves read_ids and adds trailing empty chunks. Touches the store
 //! (lookup only) and the stream's own state.
 
+use super::bucket_names::{bucket_path, parse_bucket};
 use super::content::{ContentReader, MAX_CHUNK};
 use super::object_proto::to_proto;
 use super::preconditions::Preconditions;
 use super::stats::add;
-use super::store::{bucket_path, parse_bucket};
 use super::wire::{decode_handle, encode_handle, header_routing_token, status_with_detail, Outbox};
 use super::Service;
 use crate::proto::rpc;

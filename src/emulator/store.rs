@@ -3,6 +3,7 @@
 //! directory) only stores bytes and metadata; every rule of the API lives here.
 //! Touches the backend it was given and nothing else.
 
+use super::bucket_names::check_bucket_name;
 use super::content::{Content, ContentWriter, Data, Segments, WriteState};
 use super::preconditions::Preconditions;
 use std::collections::BTreeMap;
@@ -124,40 +125,6 @@ pub(crate) struct Store {
     buckets: Mutex<BTreeMap<String, BucketState>>,
     last_generation: AtomicI64,
     last_token: AtomicU64,
-}
-
-/// The wire name of a bucket.
-pub(crate) fn bucket_path(bucket: &str) -> String {
-    format!("projects/_/buckets/{bucket}")
-}
-
-/// The bucket name out of `projects/_/buckets/NAME` (or a bare name).
-pub(crate) fn parse_bucket(path: &str) -> Result<String, Status> {
-    let name = path
-        .strip_prefix("projects/_/buckets/")
-        .or_else(|| {
-            path.strip_prefix("projects/")?
-                .split_once("/buckets/")
-                .map(|x| x.1)
-        })
-        .unwrap_or(path);
-    check_bucket_name(name)?;
-    Ok(name.to_string())
-}
-
-/// Refuses bucket names that are empty, hidden or contain a separator.
-pub(crate) fn check_bucket_name(name: &str) -> Result<(), Status> {
-    if name.is_empty()
-        || name.starts_with('.')
-        || name.contains('/')
-        || name.contains('\0')
-        || name.len() > 222
-    {
-        return Err(Status::invalid_argument(format!(
-            "invalid bucket name {name:?}: expected projects/_/buckets/NAME with a plain NAME"
-        )));
-    }
-    Ok(())
 }
 
 impl Store {

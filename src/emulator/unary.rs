@@ -2,11 +2,11 @@
 //! Each counts itself, checks the routing header, may fail by injected fault, and waits out
 //! the injected latency. Touches the store.
 
+use super::bucket_names::{bucket_path, parse_bucket};
 use super::listing::list;
 use super::object_proto::{timestamp, to_proto};
 use super::preconditions::Preconditions;
 use super::stats::add;
-use super::store::{bucket_path, parse_bucket};
 use super::Service;
 use crate::proto::storage::{
     bucket, Bucket, DeleteObjectRequest, GetBucketRequest, GetObjectRequest, ListObjectsRequest,

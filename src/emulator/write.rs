@@ -3,11 +3,12 @@
 //! (fencing by write handle), and answers only the first message, every state_lookup, and
 //! once at close or finish. Touches the store and the stream's own state.
 
+use super::bucket_names::{bucket_path, parse_bucket};
 use super::content::{Content, ContentWriter, Segments, MAX_CHUNK};
 use super::object_proto::to_proto;
 use super::preconditions::Preconditions;
 use super::stats::add;
-use super::store::{bucket_path, parse_bucket, Entry};
+use super::store::Entry;
 use super::wire::{decode_handle, encode_handle, header_routing_token, status_with_detail, Outbox};
 use super::Service;
 use crate::proto::storage::bidi_write_object_request::{Data, FirstMessage};
