@@ -23,10 +23,14 @@ pub(crate) fn is_retryable(code: Code) -> bool {
     )
 }
 
-/// A status worth another attempt: a transient code, or a broken connection (tonic reports
-/// those as UNKNOWN carrying the transport error as its source, not as a server's answer).
+/// A status worth another attempt: a transient code, or a broken connection. tonic reports
+/// those with the transport error as the status's source, not as a server's answer: UNKNOWN
+/// for a connection that failed, CANCELLED for a stream the peer reset (a server going away
+/// resets its streams with CANCEL).
 pub(crate) fn is_transient(s: &Status) -> bool {
-    is_retryable(s.code()) || (s.code() == Code::Unknown && std::error::Error::source(s).is_some())
+    let from_transport = std::error::Error::source(s).is_some();
+    is_retryable(s.code())
+        || (matches!(s.code(), Code::Unknown | Code::Cancelled) && from_transport)
 }
 
 /// The typed detail `M` (full proto name `type_name`) of an ABORTED status, if it has one.
@@ -205,6 +209,16 @@ mod tests {
             map_status(&Status::unavailable("x"), "o"),
             Error::Unavailable(_)
         ));
+    }
+
+    #[test]
+    fn a_stream_reset_by_the_peer_is_transient_a_cancel_answered_is_not() {
+        let mut reset = Status::cancelled("operation was canceled");
+        reset.set_source(std::sync::Arc::new(std::io::Error::other(
+            "RST_STREAM CANCEL",
+        )));
+        assert!(is_transient(&reset));
+        assert!(!is_transient(&Status::cancelled("the server said so")));
     }
 
     #[tokio::test]
