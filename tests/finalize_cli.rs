@@ -4,24 +4,17 @@
 //! new mount, which tells its bucket and endpoint through its control socket) list it,
 //! finalize makes it a finished object with the same bytes.
 
+mod daemon_support;
 mod mount_support;
 mod write_support;
 
 use mount_support::Env;
 use std::io::Write;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Command, Output};
 use write_support::{bytes, chunks, client, meta, MIB};
 
 const BUCKET: &str = "fin";
-
-fn is_mounted(path: &Path) -> bool {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
-    let p = path.to_string_lossy();
-    info.lines()
-        .any(|l| l.split(' ').nth(4) == Some(p.as_ref()))
-}
 
 /// A daemon that is killed (and its mount detached) if the test fails before it ends it.
 struct Daemon(Option<Child>, std::path::PathBuf);
@@ -37,19 +30,7 @@ impl Drop for Daemon {
 }
 
 fn daemon(env: &Env, mnt: &Path) -> Daemon {
-    let child = Command::new(env!("CARGO_BIN_EXE_rapidfs"))
-        .args(["mount", BUCKET, "--foreground"])
-        .arg(mnt)
-        .args(["--endpoint", &env.emu().endpoint()])
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("rapidfs runs");
-    let start = Instant::now();
-    while !is_mounted(mnt) {
-        assert!(start.elapsed() < Duration::from_secs(20), "daemon mounted");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let child = daemon_support::daemon(&env.emu().endpoint(), BUCKET, mnt, &[]);
     Daemon(Some(child), mnt.to_path_buf())
 }
 
