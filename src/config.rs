@@ -124,6 +124,8 @@ pub struct FsConfig {
     pub negative_ttl_ms: u64,
     /// How long a directory listing is reused (for readdir and lookups in it), in milliseconds.
     pub list_ttl_ms: u64,
+    /// Memory for cached directory listings (names and object metadata), in MiB; beyond it the least recently used listings are dropped and listed again when next needed. Inodes the kernel holds are not counted.
+    pub metadata_cache_mb: u64,
     /// How long the kernel may trust a name -> inode answer without asking again, in milliseconds.
     pub kernel_entry_ttl_ms: u64,
     /// How long the kernel may trust an inode's attributes without asking again, in milliseconds.
@@ -151,6 +153,7 @@ impl Default for FsConfig {
             stat_ttl_ms: 60_000,
             negative_ttl_ms: 5_000,
             list_ttl_ms: 60_000,
+            metadata_cache_mb: 256,
             kernel_entry_ttl_ms: 60_000,
             kernel_attr_ttl_ms: 60_000,
             mount_timeout_ms: 10_000,

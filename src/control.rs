@@ -6,7 +6,8 @@
 //!   previous hint of this connection and lasts as long as the connection.
 //! - `{"op":"prefetch","paths":[...]}`: load files or directory trees into the cache now;
 //!   progress lines `{"done":N,"total":M,"bytes":B}`, then `{"ok":true,...}`.
-//! - `{"op":"stats"}`: what prefetch did and what the cache holds.
+//! - `{"op":"stats"}`: what prefetch did, what the cache holds, and what the metadata
+//!   holds (`metadata`: inodes, listings and their bytes).
 //! - `{"op":"info"}`: bucket, endpoint, prefix and mountpoint of the mount.
 //!
 //! Paths are relative to the mount root, or absolute under the mountpoint. A bad request gets
@@ -258,6 +259,7 @@ async fn request(
             let mut v = serde_json::to_value(fs.prefetch_stats()).unwrap_or_else(|_| json!({}));
             if let Some(m) = v.as_object_mut() {
                 m.insert("ok".into(), Value::Bool(true));
+                m.insert("metadata".into(), json!(fs.metadata_usage()));
             }
             send(wr, &v).await
         }

@@ -57,6 +57,14 @@ pub struct Listing {
 }
 
 impl Listing {
+    /// The bytes the listing holds on the heap, names included, as the cache weighs it.
+    pub fn heap_bytes(&self) -> usize {
+        let names: usize = self.entries.iter().map(|e| e.name.capacity()).sum();
+        std::mem::size_of::<Listing>()
+            + self.entries.capacity() * std::mem::size_of::<ListedEntry>()
+            + names
+    }
+
     /// The entry called `name`, if the directory holds one.
     pub fn find(&self, name: &str) -> Option<&ListedEntry> {
         self.entries

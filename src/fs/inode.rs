@@ -68,8 +68,9 @@ pub struct Inode {
 #[derive(Debug)]
 struct InodeState {
     /// Object key (file) or prefix ending in `/` (directory; empty for the bucket root).
-    /// Changes on rename: the kernel keeps using this inode under its new name.
-    key: String,
+    /// Changes on rename: the kernel keeps using this inode under its new name. Shared with
+    /// the table's index by key, so a name is stored once however many maps point at it.
+    key: Arc<str>,
     lookups: u64,
     meta: Option<ObjMeta>,
     checked: Option<Instant>,
@@ -86,7 +87,7 @@ impl Inode {
 
     /// The object key (file) or prefix ending in `/` (directory) this inode stands for now.
     pub fn key(&self) -> String {
-        self.state().key.clone()
+        self.state().key.to_string()
     }
 
     /// The last fetched metadata and when it was fetched.
@@ -149,13 +150,31 @@ pub struct InodeTable {
 #[derive(Debug)]
 struct Tables {
     by_ino: HashMap<u64, Arc<Inode>>,
-    by_key: HashMap<(String, bool), u64>,
+    /// By key alone: a directory's key ends in `/` (or is the root's) and a file's never does.
+    by_key: HashMap<Arc<str>, u64>,
     next_ino: u64,
+}
+
+impl Tables {
+    /// Gives back the room of forgotten inodes once the maps are mostly empty: a walk of a
+    /// large bucket grows them to millions of slots, and the kernel may forget all of it.
+    fn shrink_when_sparse(&mut self) {
+        if self.by_ino.capacity() > 4 * self.by_ino.len() + 1024 {
+            self.by_ino.shrink_to_fit();
+            self.by_key.shrink_to_fit();
+        }
+    }
+}
+
+/// A file's key never ends in `/`; a directory's always does, or is the bucket root's `""`.
+fn key_fits_kind(key: &str, kind: Kind) -> bool {
+    (kind == Kind::Dir) == (key.is_empty() || key.ends_with('/'))
 }
 
 impl InodeTable {
     /// A table holding only the root, whose key is `root_key` (empty or ending in `/`).
     pub fn new(root_key: String) -> Self {
+        let root_key: Arc<str> = root_key.into();
         let root = Arc::new(Inode {
             ino: ROOT_INO,
             kind: Kind::Dir,
@@ -171,7 +190,7 @@ impl InodeTable {
         let mut by_ino = HashMap::new();
         by_ino.insert(ROOT_INO, root);
         let mut by_key = HashMap::new();
-        by_key.insert((root_key, true), ROOT_INO);
+        by_key.insert(root_key, ROOT_INO);
         InodeTable {
             tables: Mutex::new(Tables {
                 by_ino,
@@ -185,6 +204,11 @@ impl InodeTable {
         self.tables.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// How many inodes the kernel holds, the root included.
+    pub fn len(&self) -> usize {
+        self.tables().by_ino.len()
+    }
+
     /// The inode with this number, if the kernel still holds it.
     pub fn get(&self, ino: u64) -> Option<Arc<Inode>> {
         self.tables().by_ino.get(&ino).cloned()
@@ -193,8 +217,9 @@ impl InodeTable {
     /// A stable number for `key` without taking a lookup (for plain readdir entries): the
     /// inode's number when it exists, else a hash outside the range of allocated numbers.
     pub fn peek_ino(&self, key: &str, kind: Kind) -> u64 {
+        debug_assert!(key_fits_kind(key, kind), "{key:?} as {kind:?}");
         let t = self.tables();
-        if let Some(ino) = t.by_key.get(&(key.to_string(), kind == Kind::Dir)) {
+        if let Some(ino) = t.by_key.get(key) {
             return *ino;
         }
         use std::hash::{Hash, Hasher};
@@ -207,11 +232,11 @@ impl InodeTable {
     /// given, refreshes a file's metadata, and a newer generation than the inode's gets a new
     /// inode.
     pub fn lookup(&self, key: &str, kind: Kind, meta: Option<ObjMeta>) -> Arc<Inode> {
+        debug_assert!(key_fits_kind(key, kind), "{key:?} as {kind:?}");
         let mut t = self.tables();
-        let map_key = (key.to_string(), kind == Kind::Dir);
         let existing = t
             .by_key
-            .get(&map_key)
+            .get(key)
             .and_then(|ino| t.by_ino.get(ino))
             .filter(|inode| match (inode.meta().0, meta) {
                 (Some(old), Some(new)) => new.generation <= old.generation,
@@ -222,11 +247,12 @@ impl InodeTable {
             None => {
                 let ino = t.next_ino;
                 t.next_ino += 1;
+                let key: Arc<str> = key.into();
                 let inode = Arc::new(Inode {
                     ino,
                     kind,
                     state: Mutex::new(InodeState {
-                        key: key.to_string(),
+                        key: key.clone(),
                         lookups: 0,
                         meta: None,
                         checked: None,
@@ -235,7 +261,7 @@ impl InodeTable {
                     }),
                 });
                 t.by_ino.insert(ino, inode.clone());
-                t.by_key.insert(map_key, ino);
+                t.by_key.insert(key, ino);
                 inode
             }
         };
@@ -246,14 +272,15 @@ impl InodeTable {
         inode
     }
 
-    /// The kernel dropped `n` lookups on `ino`; the inode goes when none are left.
-    pub fn forget(&self, ino: u64, n: u64) {
+    /// The kernel dropped `n` lookups on `ino`; the inode goes when none are left, and the
+    /// answer says whether it went.
+    pub fn forget(&self, ino: u64, n: u64) -> bool {
         if ino == ROOT_INO {
-            return;
+            return false;
         }
         let mut t = self.tables();
         let Some(inode) = t.by_ino.get(&ino).cloned() else {
-            return;
+            return false;
         };
         let gone = {
             let mut s = inode.state();
@@ -262,17 +289,20 @@ impl InodeTable {
         };
         if gone {
             t.by_ino.remove(&ino);
-            let map_key = (inode.key(), inode.kind == Kind::Dir);
-            if t.by_key.get(&map_key) == Some(&ino) {
-                t.by_key.remove(&map_key);
+            let key = inode.state().key.clone();
+            if t.by_key.get(&key) == Some(&ino) {
+                t.by_key.remove(&key);
             }
+            t.shrink_when_sparse();
         }
+        gone
     }
 
     /// The inode of `key` if the kernel holds one, without counting a lookup.
     pub fn find(&self, key: &str, kind: Kind) -> Option<Arc<Inode>> {
+        debug_assert!(key_fits_kind(key, kind), "{key:?} as {kind:?}");
         let t = self.tables();
-        let ino = t.by_key.get(&(key.to_string(), kind == Kind::Dir))?;
+        let ino = t.by_key.get(key)?;
         t.by_ino.get(ino).cloned()
     }
 
@@ -281,27 +311,24 @@ impl InodeTable {
     /// with it. An inode held under `to` before (the replaced target) keeps its key but
     /// loses the name.
     pub fn rename(&self, from: &str, to: &str, kind: Kind) {
+        debug_assert!(key_fits_kind(from, kind) && key_fits_kind(to, kind));
         let mut t = self.tables();
-        let is_dir = kind == Kind::Dir;
-        let moved: Vec<(String, bool, u64)> = t
+        let moved: Vec<(Arc<str>, u64)> = t
             .by_key
             .iter()
-            .filter(|((k, d), _)| {
-                if is_dir {
-                    k.starts_with(from)
-                } else {
-                    k == from && !*d
-                }
+            .filter(|(k, _)| match kind {
+                Kind::Dir => k.starts_with(from),
+                Kind::File => &***k == from,
             })
-            .map(|((k, d), ino)| (k.clone(), *d, *ino))
+            .map(|(k, ino)| (k.clone(), *ino))
             .collect();
-        if !is_dir {
-            t.by_key.remove(&(to.to_string(), false));
+        if kind == Kind::File {
+            t.by_key.remove(to);
         }
-        for (old, d, ino) in moved {
-            let new = format!("{to}{}", &old[from.len()..]);
-            t.by_key.remove(&(old, d));
-            t.by_key.insert((new.clone(), d), ino);
+        for (old, ino) in moved {
+            let new: Arc<str> = format!("{to}{}", &old[from.len()..]).into();
+            t.by_key.remove(&old);
+            t.by_key.insert(new.clone(), ino);
             if let Some(inode) = t.by_ino.get(&ino) {
                 inode.state().key = new;
             }
@@ -311,9 +338,8 @@ impl InodeTable {
     /// After `key` was deleted: the name no longer leads to the inode (a new object of the
     /// same name gets a new inode); the kernel may still hold the inode through open files.
     pub fn unlink(&self, key: &str, kind: Kind) {
-        self.tables()
-            .by_key
-            .remove(&(key.to_string(), kind == Kind::Dir));
+        debug_assert!(key_fits_kind(key, kind), "{key:?} as {kind:?}");
+        self.tables().by_key.remove(key);
     }
 }
 

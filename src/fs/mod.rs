@@ -23,6 +23,7 @@ mod pool;
 mod prefetch;
 mod read;
 mod readdir;
+mod reclaim;
 mod seq;
 mod staging;
 mod superblock;
@@ -34,6 +35,7 @@ pub use error::{Errno, FsResult};
 pub use inode::{Kind, ROOT_INO};
 pub use prefetch::{PrefetchStats, Progress};
 pub use readdir::DirItem;
+pub use superblock::MetadataUsage;
 pub use write_ops::SetAttr;
 
 use crate::config::Config;
@@ -267,6 +269,11 @@ impl Fs {
     /// The kernel dropped `n` lookups of `ino`.
     pub fn forget(&self, ino: u64, n: u64) {
         self.inner.sb.forget(ino, n);
+    }
+
+    /// What the mount's metadata holds now (inodes, cached listings).
+    pub fn metadata_usage(&self) -> MetadataUsage {
+        self.inner.sb.usage()
     }
 
     /// Attributes of `ino`.

@@ -51,6 +51,24 @@ fn name_probe(fkey: &str) -> ListRequest {
     }
 }
 
+/// The listing cache: by directory key, weighed by the bytes the listing holds so that
+/// `cap_bytes` bounds the memory of all listings together, least recently used first out.
+/// Entries it drops are counted toward giving the memory back (`reclaim`).
+fn listing_cache(ttl: Duration, cap_bytes: u64) -> Option<moka::sync::Cache<String, Arc<Listing>>> {
+    (!ttl.is_zero()).then(|| {
+        moka::sync::Cache::builder()
+            .max_capacity(cap_bytes)
+            .weigher(|dkey: &String, l: &Arc<Listing>| {
+                u32::try_from(dkey.len() + l.heap_bytes()).unwrap_or(u32::MAX)
+            })
+            .eviction_listener(
+                |_, l: Arc<Listing>, _| super::reclaim::freed(l.entries.len() as u64),
+            )
+            .time_to_live(ttl)
+            .build()
+    })
+}
+
 /// One directory's `whole_listing` call, shared by everyone who wants it while it runs.
 type ListingCall = Arc<tokio::sync::OnceCell<Option<Arc<Listing>>>>;
 
@@ -66,6 +84,17 @@ where
             .time_to_live(ttl)
             .build()
     })
+}
+
+/// What the metadata of a mount holds, for `stats` and the tests of its bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct MetadataUsage {
+    /// Inodes the kernel holds lookups on, the root included.
+    pub inodes: u64,
+    /// Directory listings cached.
+    pub listings: u64,
+    /// Their weight in bytes, bounded by `fs.metadata_cache_mb`.
+    pub listing_bytes: u64,
 }
 
 /// What the mount knows of names (see the module doc).
@@ -101,7 +130,7 @@ impl Superblock {
             inodes: InodeTable::new(root.clone()),
             root_key: root,
             stat_ttl: ms(fs.stat_ttl_ms),
-            listings: ttl_cache(ms(fs.list_ttl_ms), 4096),
+            listings: listing_cache(ms(fs.list_ttl_ms), fs.metadata_cache_mb << 20),
             large_dirs: ttl_cache(ms(fs.list_ttl_ms), 4096),
             listing_now: Mutex::new(HashMap::new()),
             list_options: ListOptions::from_config(fs),
@@ -292,9 +321,24 @@ impl Superblock {
         })
     }
 
+    /// What the metadata holds now: inodes, cached listings and their weight.
+    pub(super) fn usage(&self) -> MetadataUsage {
+        let (listings, listing_bytes) = self.listings.as_ref().map_or((0, 0), |c| {
+            c.run_pending_tasks();
+            (c.entry_count(), c.weighted_size())
+        });
+        MetadataUsage {
+            inodes: self.inodes.len() as u64,
+            listings,
+            listing_bytes,
+        }
+    }
+
     /// The kernel dropped `n` lookups of `ino`.
     pub(super) fn forget(&self, ino: u64, n: u64) {
-        self.inodes.forget(ino, n);
+        if self.inodes.forget(ino, n) {
+            super::reclaim::freed(1);
+        }
     }
 
     /// The inode of `key` as found by a listing or a call (`meta` for a file), counting one

@@ -1,0 +1,333 @@
+//! Metadata at scale (`cargo bench --bench metadata_scale`): a bucket of 1,000,000 objects in
+//! 1,000 directories of the in-process memory emulator, walked through a real mount of the
+//! `rapidfs` daemon (its own process, so its memory is its own) with `find` and Python's
+//! `os.walk`. Reports, in one run:
+//! - the walk time cold (fresh mount), warm (the same mount again), and on a fresh mount
+//!   after its metadata warm-up (`--prefetch-metadata`) finished;
+//! - the daemon's resident memory after mounting, at its peak, after the walks, and after the
+//!   kernel dropped its dentry and inode caches (`echo 2 > /proc/sys/vm/drop_caches`, which
+//!   makes it forget every inode), and the growth per object.
+//!
+//! Targets (issue 21): growth at most 200 bytes per object or stopping at the metadata cap;
+//! resident memory below the cap after the kernel drops its caches; the walk after the
+//! warm-up at least 3x faster than cold.
+//!
+//! Needs root (mount, drop_caches) and `find` and `python3`. Flags (after `--`):
+//! `--objects N` (1000000), `--dirs N` (1000), `--binary PATH` (the daemon; default the one
+//! cargo built), `--extra "ARGS"` (more mount flags, split on spaces, for every mount), `--skip-warmup`
+//! (for a daemon without `--prefetch-metadata`).
+//! Prints a table and writes target/bench-results/metadata_scale.json.
+
+use anyhow::{bail, Context};
+use rapidfs::emulator::{Emulator, EmulatorOptions};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BUCKET: &str = "scale";
+
+struct Args {
+    objects: usize,
+    dirs: usize,
+    binary: PathBuf,
+    extra: Vec<String>,
+    warmup: bool,
+}
+
+fn parse_args() -> anyhow::Result<Args> {
+    let mut a = Args {
+        objects: 1_000_000,
+        dirs: 1000,
+        binary: PathBuf::from(env!("CARGO_BIN_EXE_rapidfs")),
+        extra: Vec::new(),
+        warmup: true,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = |name: &str| it.next().with_context(|| format!("{name} needs a value"));
+        match flag.as_str() {
+            "--objects" => a.objects = value("--objects")?.parse()?,
+            "--dirs" => a.dirs = value("--dirs")?.parse::<usize>()?.max(1),
+            "--binary" => a.binary = value("--binary")?.into(),
+            "--skip-warmup" => a.warmup = false,
+            "--extra" => {
+                a.extra = value("--extra")?
+                    .split_whitespace()
+                    .map(str::to_string)
+                    .collect()
+            }
+            // cargo bench passes --bench to every bench binary.
+            "--bench" => {}
+            other => {
+                bail!("unknown flag {other:?} (see the doc comment of benches/metadata_scale.rs)")
+            }
+        }
+    }
+    Ok(a)
+}
+
+/// A mounted daemon, its log file, and its mountpoint.
+struct Mount {
+    child: Child,
+    mnt: PathBuf,
+    log: PathBuf,
+}
+
+impl Mount {
+    fn start(
+        a: &Args,
+        endpoint: &str,
+        dir: &Path,
+        name: &str,
+        more: &[&str],
+    ) -> anyhow::Result<Mount> {
+        let mnt = dir.join(name);
+        std::fs::create_dir_all(&mnt)?;
+        let log = dir.join(format!("{name}.log"));
+        let child = Command::new(&a.binary)
+            .args(["mount", BUCKET, "--foreground", "--endpoint", endpoint])
+            .arg(&mnt)
+            .args(&a.extra)
+            .args(more)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()
+            .with_context(|| format!("running {}", a.binary.display()))?;
+        let m = Mount { child, mnt, log };
+        let start = Instant::now();
+        while !is_mounted(&m.mnt)? {
+            if start.elapsed() > Duration::from_secs(30) {
+                bail!("{} did not mount; log: {}", name, m.log.display());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(m)
+    }
+
+    fn status(&self, field: &str) -> anyhow::Result<u64> {
+        let s = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
+        let line = s
+            .lines()
+            .find(|l| l.starts_with(field))
+            .with_context(|| format!("{field} in /proc/PID/status"))?;
+        let kb: u64 = line
+            .split_whitespace()
+            .nth(1)
+            .context("a number")?
+            .parse()?;
+        Ok(kb * 1024)
+    }
+
+    fn rss(&self) -> anyhow::Result<u64> {
+        self.status("VmRSS:")
+    }
+
+    fn peak_rss(&self) -> anyhow::Result<u64> {
+        self.status("VmHWM:")
+    }
+
+    /// Waits for the log line of a finished warm-up.
+    fn wait_log(&self, needle: &str, limit: Duration) -> anyhow::Result<f64> {
+        let t0 = Instant::now();
+        loop {
+            let mut text = String::new();
+            std::fs::File::open(&self.log)?.read_to_string(&mut text)?;
+            if text.contains(needle) {
+                return Ok(t0.elapsed().as_secs_f64());
+            }
+            if t0.elapsed() > limit {
+                bail!("no {needle:?} in {} after {limit:?}", self.log.display());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn stop(mut self) -> anyhow::Result<()> {
+        let st = Command::new("umount").arg(&self.mnt).status()?;
+        if !st.success() {
+            Command::new("umount").arg("-l").arg(&self.mnt).status()?;
+        }
+        self.child.wait()?;
+        Ok(())
+    }
+}
+
+fn is_mounted(path: &Path) -> anyhow::Result<bool> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo")?;
+    let p = path.to_string_lossy();
+    Ok(info
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(p.as_ref())))
+}
+
+/// Runs a walk command; returns its seconds and the number of lines it printed.
+fn walk(cmd: &mut Command) -> anyhow::Result<(f64, usize)> {
+    let t0 = Instant::now();
+    let out = cmd.stderr(Stdio::inherit()).output()?;
+    let secs = t0.elapsed().as_secs_f64();
+    if !out.status.success() {
+        bail!("{cmd:?} failed: {}", out.status);
+    }
+    let count = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or(0);
+    Ok((secs, count))
+}
+
+/// `find MNT | wc -l`: lines are the root, the directories and the files.
+fn find(m: &Mount) -> anyhow::Result<(f64, usize)> {
+    let script = format!("find '{}' | wc -l", m.mnt.display());
+    walk(Command::new("sh").args(["-c", &script]))
+}
+
+/// `os.walk` counting directories and files the way `find` does.
+fn os_walk(m: &Mount) -> anyhow::Result<(f64, usize)> {
+    let script =
+        "import os,sys\nn=0\nfor _,ds,fs in os.walk(sys.argv[1]): n+=len(ds)+len(fs)\nprint(n+1)";
+    walk(Command::new("python3").args(["-c", script]).arg(&m.mnt))
+}
+
+fn drop_kernel_caches() -> anyhow::Result<()> {
+    std::fs::write("/proc/sys/vm/drop_caches", "2").context("drop_caches (needs root)")
+}
+
+fn mib(b: u64) -> f64 {
+    b as f64 / (1024.0 * 1024.0)
+}
+
+fn main() -> anyhow::Result<()> {
+    let a = parse_args()?;
+    let rt = tokio::runtime::Runtime::new()?;
+    let opts = EmulatorOptions {
+        memory: true,
+        zone: "us-central1-a".to_string(),
+        ..Default::default()
+    };
+    let emu = rt.block_on(Emulator::start(opts, "127.0.0.1:0".parse()?))?;
+    emu.create_bucket(BUCKET)?;
+    let t0 = Instant::now();
+    let per_dir = a.objects.div_ceil(a.dirs);
+    let empty = bytes::Bytes::new();
+    for i in 0..a.objects {
+        let name = format!("dir{:05}/sample_{:08}.jpg", i / per_dir, i);
+        emu.put_object(BUCKET, &name, empty.clone())?;
+    }
+    let dirs = a.objects.div_ceil(per_dir);
+    let expect = 1 + dirs + a.objects;
+    eprintln!(
+        "[metadata_scale] {} objects in {dirs} directories put in {:.1} s",
+        a.objects,
+        t0.elapsed().as_secs_f64()
+    );
+    let tmp = tempfile::tempdir()?;
+    let endpoint = emu.endpoint();
+    let check = |what: &str, n: usize| -> anyhow::Result<()> {
+        if n != expect {
+            bail!("{what} saw {n} entries, expected {expect}");
+        }
+        Ok(())
+    };
+
+    let m = Mount::start(&a, &endpoint, tmp.path(), "cold", &[])?;
+    let rss_mounted = m.rss()?;
+    let (find_cold, n) = find(&m)?;
+    check("cold find", n)?;
+    let (find_warm, n) = find(&m)?;
+    check("warm find", n)?;
+    let (walk_warm, n) = os_walk(&m)?;
+    check("warm os.walk", n)?;
+    let rss_walked = m.rss()?;
+    let peak = m.peak_rss()?;
+    drop_kernel_caches()?;
+    std::thread::sleep(Duration::from_secs(3));
+    let rss_dropped = m.rss()?;
+    m.stop()?;
+
+    let m = Mount::start(&a, &endpoint, tmp.path(), "walk", &[])?;
+    let (walk_cold, n) = os_walk(&m)?;
+    check("cold os.walk", n)?;
+    m.stop()?;
+
+    let (mut warmup_secs, mut rss_warmed, mut peak_warmup) = (f64::NAN, 0, 0);
+    let (mut find_after, mut walk_after) = (f64::NAN, f64::NAN);
+    if a.warmup {
+        let m = Mount::start(
+            &a,
+            &endpoint,
+            tmp.path(),
+            "warmup",
+            &["--prefetch-metadata"],
+        )?;
+        warmup_secs = m.wait_log("metadata warm-up done", Duration::from_secs(600))?;
+        rss_warmed = m.rss()?;
+        let n;
+        (find_after, n) = find(&m)?;
+        check("find after warm-up", n)?;
+        let n;
+        (walk_after, n) = os_walk(&m)?;
+        check("os.walk after warm-up", n)?;
+        peak_warmup = m.peak_rss()?;
+        m.stop()?;
+    }
+
+    let per_object = |b: u64| b.saturating_sub(rss_mounted) as f64 / a.objects as f64;
+    println!(
+        "objects {} in {dirs} directories; daemon {}",
+        a.objects,
+        a.binary.display()
+    );
+    println!("| walk | seconds | vs cold |");
+    println!("|---|---|---|");
+    for (what, s, cold) in [
+        ("find, cold", find_cold, find_cold),
+        ("find, warm", find_warm, find_cold),
+        ("find, after warm-up", find_after, find_cold),
+        ("os.walk, cold", walk_cold, walk_cold),
+        ("os.walk, warm", walk_warm, walk_cold),
+        ("os.walk, after warm-up", walk_after, walk_cold),
+    ] {
+        println!("| {what} | {s:.2} | {:.1}x faster |", cold / s);
+    }
+    println!("warm-up itself: {warmup_secs:.2} s");
+    println!("| daemon memory | MiB | bytes per object over mounted |");
+    println!("|---|---|---|");
+    for (what, b) in [
+        ("mounted", rss_mounted),
+        ("after the walks", rss_walked),
+        ("peak", peak),
+        ("after drop_caches", rss_dropped),
+        ("after warm-up", rss_warmed),
+        ("peak with warm-up", peak_warmup),
+    ] {
+        println!("| {what} | {:.1} | {:.0} |", mib(b), per_object(b));
+    }
+    let json = serde_json::json!({
+        "objects": a.objects,
+        "dirs": dirs,
+        "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        "binary": a.binary,
+        "extra": a.extra,
+        "seconds": {
+            "find_cold": find_cold, "find_warm": find_warm, "find_after_warmup": find_after,
+            "walk_cold": walk_cold, "walk_warm": walk_warm, "walk_after_warmup": walk_after,
+            "warmup": warmup_secs,
+        },
+        "rss_bytes": {
+            "mounted": rss_mounted, "after_walks": rss_walked, "peak": peak,
+            "after_drop_caches": rss_dropped, "after_warmup": rss_warmed,
+            "peak_with_warmup": peak_warmup,
+        },
+        "bytes_per_object_peak": per_object(peak),
+    });
+    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-results");
+    std::fs::create_dir_all(&out)?;
+    std::fs::write(
+        out.join("metadata_scale.json"),
+        serde_json::to_string_pretty(&json)?,
+    )?;
+    rt.block_on(emu.shutdown());
+    Ok(())
+}
