@@ -1,15 +1,25 @@
 //! Every tunable of rapidfs in one serde struct, with its default and a one-line doc.
 //!
-//! `config/rapidfs.toml` is the annotated example. The TOML file is read first, then the
-//! command-line flags override it. Unknown keys are errors so a typo never goes unnoticed.
+//! `config/rapidfs.toml` is the annotated example. A profile's keys (`profile = ...` in the
+//! file, or `--profile`) come first, the TOML file overrides them, and the command-line flags
+//! override both. Unknown keys are errors so a typo never goes unnoticed.
 
+use crate::profiles::{overlay, Profile};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
+
+/// A TTL in milliseconds as a duration, at most [`crate::profiles::FOREVER_MS`] (longer ones
+/// would overflow the caches' clocks).
+pub fn ttl(ms: u64) -> std::time::Duration {
+    std::time::Duration::from_millis(ms.min(crate::profiles::FOREVER_MS))
+}
 
 /// The whole configuration of a rapidfs daemon.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
+    /// The workload profile whose keys lie under the file's (`aiml-training`, `aiml-serving`, `aiml-checkpointing`); unset means none.
+    pub profile: Option<Profile>,
     /// The connection to the storage service.
     pub gcs: GcsConfig,
     /// The one memory budget and the block cache inside it.
@@ -87,16 +97,20 @@ impl Default for GcsConfig {
 }
 
 /// The one memory budget covering everything the daemon buffers.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct CacheConfig {
-    /// Memory budget in MiB for the block cache, read-ahead, prefetch and write buffers together.
+    /// Memory budget in MiB for the block cache, read-ahead, prefetch and write buffers together; 0 means automatic: an eighth of what the machine or its container (cgroup limit) allows, from 64 MiB to 2 GiB.
     pub memory_mb: u64,
 }
 
-impl Default for CacheConfig {
-    fn default() -> Self {
-        Self { memory_mb: 1024 }
+impl CacheConfig {
+    /// The budget in MiB: `memory_mb`, or the automatic one when that is 0.
+    pub fn budget_mb(&self) -> u64 {
+        match self.memory_mb {
+            0 => crate::machine::default_budget_mb(crate::machine::memory_limit_bytes()),
+            mb => mb,
+        }
     }
 }
 
@@ -124,6 +138,8 @@ pub struct FsConfig {
     pub negative_ttl_ms: u64,
     /// How long a directory listing is reused (for readdir and lookups in it), in milliseconds.
     pub list_ttl_ms: u64,
+    /// At mount, list the whole mounted tree into the listing cache in the background (up to `metadata_cache_mb`), so the first walk or epoch of lookups is answered from memory; the mount serves requests meanwhile.
+    pub prefetch_metadata: bool,
     /// Memory for cached directory listings (names and object metadata), in MiB; beyond it the least recently used listings are dropped and listed again when next needed. Inodes the kernel holds are not counted.
     pub metadata_cache_mb: u64,
     /// How long the kernel may trust a name -> inode answer without asking again, in milliseconds.
@@ -153,6 +169,7 @@ impl Default for FsConfig {
             stat_ttl_ms: 60_000,
             negative_ttl_ms: 5_000,
             list_ttl_ms: 60_000,
+            prefetch_metadata: false,
             metadata_cache_mb: 256,
             kernel_entry_ttl_ms: 60_000,
             kernel_attr_ttl_ms: 60_000,
@@ -337,32 +354,66 @@ pub enum ConfigError {
     },
 }
 
+/// A parser's message folded onto one line.
+fn one_line(e: impl std::fmt::Display) -> String {
+    e.to_string()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 impl Config {
     /// Reads a TOML file; every key is optional and unknown keys are errors.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Config::parse(&text).map_err(|message| ConfigError::Parse {
-            path: path.to_path_buf(),
-            message,
-        })
+        Config::load_with_profile(Some(path), None)
     }
 
-    /// Parses TOML text; the error is folded onto one line.
+    /// Parses TOML text, under the profile it names; the error is folded onto one line.
     pub fn parse(text: &str) -> Result<Config, String> {
-        toml::from_str(text).map_err(|e| {
-            e.to_string()
-                .split_whitespace()
-                .collect::<Vec<_>>()
-                .join(" ")
-        })
+        Config::parse_with_profile(text, None)
+    }
+
+    /// Parses TOML text under `profile`, or, when that is `None`, under the profile the text
+    /// names; the error is folded onto one line.
+    pub fn parse_with_profile(text: &str, profile: Option<Profile>) -> Result<Config, String> {
+        let file: toml::Table = text.parse().map_err(one_line)?;
+        let profile = match (profile, file.get("profile")) {
+            (Some(p), _) => Some(p),
+            (None, Some(named)) => Some(Profile::deserialize(named.clone()).map_err(one_line)?),
+            (None, None) => None,
+        };
+        let Some(profile) = profile else {
+            // Straight from the text, so that errors keep their line and column.
+            return toml::from_str(text).map_err(one_line);
+        };
+        let mut merged = overlay(profile.keys(), file);
+        merged.insert("profile".into(), profile.name().into());
+        toml::Value::Table(merged).try_into().map_err(one_line)
     }
 
     /// Reads `path` when given, the defaults otherwise.
     pub fn load_or_default(path: Option<&Path>) -> Result<Config, ConfigError> {
-        path.map_or_else(|| Ok(Config::default()), Config::load)
+        Config::load_with_profile(path, None)
+    }
+
+    /// Reads `path` when given under `profile` (which wins over the file's own `profile`
+    /// key), the defaults under `profile` otherwise.
+    pub fn load_with_profile(
+        path: Option<&Path>,
+        profile: Option<Profile>,
+    ) -> Result<Config, ConfigError> {
+        let Some(path) = path else {
+            // No file: the profile's own keys, which its unit tests parse.
+            return Ok(Config::parse_with_profile("", profile).unwrap_or_default());
+        };
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Config::parse_with_profile(&text, profile).map_err(|message| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message,
+        })
     }
 }
 
@@ -379,6 +430,41 @@ mod tests {
     fn unknown_key_is_an_error_on_one_line() {
         let err = Config::parse("[cache]\nmemory_mib = 3\n").unwrap_err();
         assert!(err.contains("memory_mib"), "{err}");
+        assert!(!err.contains('\n'));
+    }
+
+    #[test]
+    fn a_profile_sets_defaults_and_the_file_wins() {
+        let c = Config::parse("profile = \"aiml-training\"\n[fs]\nstat_ttl_ms = 7\n").unwrap();
+        assert_eq!(c.profile, Some(Profile::AimlTraining));
+        assert_eq!(c.fs.stat_ttl_ms, 7, "the file's key wins");
+        assert_eq!(c.fs.list_ttl_ms, crate::profiles::FOREVER_MS);
+        assert!(c.fs.prefetch_metadata);
+        let c = Config::parse_with_profile(
+            "[fs]\nnegative_ttl_ms = 9\n",
+            Some(Profile::AimlCheckpointing),
+        )
+        .unwrap();
+        assert_eq!(c.fs.negative_ttl_ms, 9);
+        assert_eq!(c.write.memory_percent, 50);
+        let c =
+            Config::parse_with_profile("profile = \"aiml-training\"\n", Some(Profile::AimlServing))
+                .unwrap();
+        assert_eq!(
+            c.profile,
+            Some(Profile::AimlServing),
+            "--profile wins over the file"
+        );
+        assert_eq!(c.read.max_streams_per_object, 8);
+    }
+
+    #[test]
+    fn an_unknown_profile_is_an_error_on_one_line() {
+        let err = Config::parse("profile = \"aiml-fast\"\n").unwrap_err();
+        assert!(
+            err.contains("aiml-fast") || err.contains("variant"),
+            "{err}"
+        );
         assert!(!err.contains('\n'));
     }
 

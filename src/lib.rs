@@ -11,6 +11,8 @@ pub mod emulator;
 pub mod fs;
 pub mod fuse;
 pub mod gcs;
+pub mod machine;
 pub mod metrics;
+pub mod profiles;
 pub mod proto;
 pub mod zonal;

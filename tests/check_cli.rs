@@ -77,10 +77,26 @@ fn prints_every_line_and_json_against_the_emulator() {
         stdout.contains("small.txt"),
         "TTFB on the small object: {stdout}"
     );
+    let config = stdout
+        .split_once("effective configuration (profile: none):")
+        .unwrap_or_else(|| panic!("no effective configuration in:\n{stdout}"))
+        .1;
+    assert!(config.contains("stat_ttl_ms = 60000"), "{config}");
+    assert!(
+        !config.contains("memory_mb = 0"),
+        "the automatic budget is shown as the number it is: {config}"
+    );
 
     let out = check(
         home.path(),
-        &[BUCKET, "--endpoint", &ep, "--json"],
+        &[
+            BUCKET,
+            "--endpoint",
+            &ep,
+            "--json",
+            "--profile",
+            "aiml-training",
+        ],
         &[("GCE_METADATA_HOST", &fake.host)],
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -95,6 +111,14 @@ fn prints_every_line_and_json_against_the_emulator() {
     );
     assert_eq!(v["throughput"]["bytes"], 64 * 1024 * 1024);
     assert_eq!(v["verdict"]["status"], "WARNING");
+    let cfg = &v["configuration"];
+    assert_eq!(cfg["profile"], "aiml-training");
+    assert_eq!(cfg["fs"]["prefetch_metadata"], true);
+    assert_eq!(cfg["fs"]["stat_ttl_ms"], rapidfs::profiles::FOREVER_MS);
+    assert_eq!(
+        cfg["gcs"]["connect_timeout_ms"], 5000,
+        "the mount's, not the check's"
+    );
 
     // --require-same-zone turns the mismatch into a hard failure.
     let out = check(

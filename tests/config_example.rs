@@ -9,12 +9,15 @@ fn example() -> String {
     std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config/rapidfs.toml")).unwrap()
 }
 
-/// `section.key` for every key in a TOML table of tables.
+/// `section.key` for every key in a section, and `key` for every key above the sections.
 fn keys(value: &toml::Value) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
-    for (section, table) in value.as_table().into_iter().flatten() {
-        for key in table.as_table().into_iter().flat_map(|t| t.keys()) {
-            out.insert(format!("{section}.{key}"));
+    for (section, item) in value.as_table().into_iter().flatten() {
+        match item.as_table() {
+            Some(table) => out.extend(table.keys().map(|key| format!("{section}.{key}"))),
+            None => {
+                out.insert(section.clone());
+            }
         }
     }
     out
@@ -47,7 +50,42 @@ fn example_names_every_key() {
     let mut all = keys(&toml::Value::try_from(Config::default()).unwrap());
     // Optional keys have no default to serialize; name them here so they are not forgotten.
     all.extend(["fs.uid", "fs.gid", "fs.only_dir"].map(String::from));
-    all.extend(["gcs.ca_file", "gcs.credentials_file"].map(String::from));
+    all.extend(["gcs.ca_file", "gcs.credentials_file", "profile"].map(String::from));
     let missing: Vec<_> = all.difference(&shown).collect();
     assert!(missing.is_empty(), "config/rapidfs.toml lacks {missing:?}");
+}
+
+/// The README's table of profiles names every key each profile sets, with its value, and
+/// no key the profile does not set.
+#[test]
+fn readme_profile_table_says_what_each_profile_sets() {
+    use rapidfs::profiles::Profile;
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    for p in [
+        Profile::AimlTraining,
+        Profile::AimlServing,
+        Profile::AimlCheckpointing,
+    ] {
+        let row_start = format!("| `{}` |", p.name());
+        // (key, value) pairs of the README's rows: several keys in a row share its values,
+        // one value each in order, or one value for all.
+        let mut documented = BTreeSet::new();
+        for row in readme.lines().filter(|l| l.starts_with(&row_start)) {
+            let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+            let keys: Vec<&str> = cells[2].split(", ").map(|k| k.trim_matches('`')).collect();
+            let values: Vec<&str> = cells[3].split(" (").next().unwrap().split(", ").collect();
+            for (i, k) in keys.iter().enumerate() {
+                let v = values.get(i).or(values.first()).unwrap();
+                documented.insert(format!("{k} = {v}"));
+            }
+        }
+        let mut set = BTreeSet::new();
+        for (section, table) in p.keys() {
+            for (k, v) in table.as_table().unwrap() {
+                set.insert(format!("{section}.{k} = {v}"));
+            }
+        }
+        assert_eq!(documented, set, "README's rows of {}", p.name());
+    }
 }

@@ -112,3 +112,60 @@ fn a_forgotten_inode_is_gone() {
         );
     });
 }
+
+/// The warm-up lists every directory of the tree (nested ones too) into the cache; a walk
+/// with a lookup of every name then costs no call at all.
+#[test]
+fn warm_up_lists_the_tree_and_the_walk_after_it_makes_no_call() {
+    let env = FsEnv::new("b", |_| {});
+    for d in 0..4 {
+        for f in 0..FILES {
+            let n = name(d, f);
+            env.put(&n, n.as_bytes());
+        }
+    }
+    env.put("deep/er/still/leaf.txt", b"leaf");
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let done = fs.warm_metadata().await;
+        // The root, dir000..dir003, deep, deep/er, deep/er/still.
+        assert_eq!(done.directories, 8, "{done:?}");
+        assert_eq!(done.entries, 5 + 4 * FILES as u64 + 3, "{done:?}");
+        assert!(!done.capped && done.failed == 0, "{done:?}");
+        assert_eq!(fs.metadata_usage().listings, 8);
+        let before = env.calls();
+        for d in 0..4 {
+            walk_dir(fs, d).await;
+        }
+        let mut ino = ROOT_INO;
+        for part in ["deep", "er", "still", "leaf.txt"] {
+            ino = fs.lookup(ino, part).await.expect(part).attr.ino;
+        }
+        assert_eq!(env.calls(), before, "every answer came from the warm-up");
+    });
+}
+
+/// Under a 1 MiB cap the warm-up stops short of it instead of evicting what it listed (two
+/// listings at a time, so that few are in flight when the cap is reached).
+#[test]
+fn warm_up_stops_at_the_cap() {
+    let env = FsEnv::new("b", |cfg| {
+        cfg.fs.metadata_cache_mb = 1;
+        cfg.fs.parallel_list_workers = 2;
+    });
+    for d in 0..DIRS {
+        for f in 0..FILES {
+            let n = name(d, f);
+            env.put(&n, n.as_bytes());
+        }
+    }
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let done = fs.warm_metadata().await;
+        assert!(done.capped, "{done:?}");
+        assert!(done.directories < DIRS as u64, "{done:?}");
+        let usage = fs.metadata_usage();
+        assert!(usage.listing_bytes <= 1 << 20, "{usage:?}");
+        walk_dir(fs, DIRS - 1).await;
+    });
+}

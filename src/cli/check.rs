@@ -38,6 +38,9 @@ pub struct CheckArgs {
     /// TOML configuration file; flags override it.
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// Workload profile whose keys lie under the config file's (as for `rapidfs mount`).
+    #[arg(long, value_enum)]
+    pub profile: Option<crate::profiles::Profile>,
     /// Print one JSON object instead of lines for people.
     #[arg(long)]
     pub json: bool,
@@ -66,11 +69,15 @@ pub fn run(
     log_level: Option<String>,
     log_format: Option<LogFormat>,
 ) -> anyhow::Result<()> {
-    let mut cfg = Config::load_or_default(args.config.as_deref())?;
+    let mut cfg = Config::load_with_profile(args.config.as_deref(), args.profile)?;
     if let Some(e) = &args.endpoint {
         cfg.gcs.endpoint = e.clone();
     }
     args.access.apply(&mut cfg);
+    cfg.cache.memory_mb = cfg.cache.budget_mb();
+    // What a mount with the same file and flags would run with, before the check's own
+    // shorter deadlines below.
+    let effective = cfg.clone();
     cfg.gcs.connect_timeout_ms = cfg.gcs.connect_timeout_ms.min(CONNECT_TIMEOUT_MS);
     cfg.gcs.retry_deadline_ms = cfg.gcs.retry_deadline_ms.min(RETRY_DEADLINE_MS);
     // Logs only when asked for: the report is the output.
@@ -84,9 +91,12 @@ pub fn run(
         .context("starting the runtime")?;
     let findings = rt.block_on(examine(&args.bucket, &cfg));
     if args.json {
-        println!("{}", to_json(&args.bucket, &findings));
+        let mut v = to_json(&args.bucket, &findings);
+        v["configuration"] = serde_json::to_value(&effective).unwrap_or_default();
+        println!("{v}");
     } else {
         print_text(&args.bucket, &findings);
+        print_configuration(&effective);
     }
     match findings.failure {
         Some(f) => Err(anyhow!("check of bucket '{}' failed: {f}", args.bucket)),
@@ -270,6 +280,16 @@ fn describe(v: &Value) -> String {
         return format!("error: {e}");
     }
     v.to_string()
+}
+
+/// The configuration a mount with the same file, profile and flags runs with, as TOML.
+fn print_configuration(cfg: &Config) {
+    let profile = cfg.profile.map_or("none", |p| p.name());
+    println!("\neffective configuration (profile: {profile}):");
+    match toml::to_string(cfg) {
+        Ok(text) => text.lines().for_each(|l| println!("  {l}")),
+        Err(e) => println!("  (cannot print: {e})"),
+    }
 }
 
 fn print_text(bucket: &str, f: &Findings) {

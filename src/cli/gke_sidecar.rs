@@ -108,7 +108,7 @@ pub fn run(args: GkeSidecarArgs, log_level: Option<String>) -> anyhow::Result<()
     // One process serves every volume: the memory budget is the process's, shared out.
     let shares = u64::try_from(ready.len()).unwrap_or(1).max(1);
     for r in &mut ready {
-        r.cfg.cache.memory_mb = (base.cache.memory_mb / shares).max(MIN_VOLUME_MEMORY_MB);
+        r.cfg.cache.memory_mb = (base.cache.budget_mb() / shares).max(MIN_VOLUME_MEMORY_MB);
     }
     let level = log_level
         .or_else(|| most_verbose(ready.iter().filter_map(|r| r.applied.log_level.as_deref())))
@@ -318,7 +318,7 @@ fn metrics_handle(
     let _guard = rt.enter();
     match crate::metrics::install() {
         Ok(handle) => {
-            crate::metrics::sample_memory(base.cache.memory_mb * 1024 * 1024);
+            crate::metrics::sample_memory(base.cache.budget_mb() * 1024 * 1024);
             Some(handle)
         }
         Err(e) => {

@@ -37,6 +37,12 @@ pub struct MountArgs {
     /// TOML configuration file; flags override it.
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// Workload profile: its keys lie under the config file's and the flags' (see the README).
+    #[arg(long, value_enum)]
+    pub profile: Option<crate::profiles::Profile>,
+    /// List the whole mounted tree into the metadata cache in the background at mount.
+    #[arg(long)]
+    pub prefetch_metadata: bool,
     /// Storage API endpoint (default https://storage.googleapis.com; http://HOST:PORT for an emulator).
     #[arg(long)]
     pub endpoint: Option<String>,
@@ -209,12 +215,13 @@ pub(super) fn check_fuse_fd(fd: RawFd, what: &str) -> anyhow::Result<()> {
 
 /// The config file, overridden by the flags.
 fn config(args: &MountArgs) -> anyhow::Result<Config> {
-    let mut cfg = Config::load_or_default(args.config.as_deref())?;
+    let mut cfg = Config::load_with_profile(args.config.as_deref(), args.profile)?;
     if let Some(e) = &args.endpoint {
         cfg.gcs.endpoint = e.clone();
     }
     let fs = &mut cfg.fs;
     fs.read_only |= args.read_only;
+    fs.prefetch_metadata |= args.prefetch_metadata;
     fs.allow_other |= args.allow_other;
     if args.only_dir.is_some() {
         fs.only_dir = args.only_dir.clone();
@@ -233,6 +240,7 @@ fn config(args: &MountArgs) -> anyhow::Result<Config> {
     if let Some(mb) = args.memory_mb {
         cfg.cache.memory_mb = mb;
     }
+    cfg.cache.memory_mb = cfg.cache.budget_mb();
     if let Some(kb) = args.read_ahead_kb {
         cfg.read.kernel_read_ahead_kb = kb;
     }
@@ -396,6 +404,7 @@ fn serve(
     };
     // A served descriptor has no mountpoint of ours to derive the control socket's path from.
     let control_fs = fs.clone();
+    let warm_fs = cfg.fs.prefetch_metadata.then(|| fs.clone());
     let (mut mounted, control) = match target {
         Target::Dir(mountpoint) => {
             let mounted = Mounted::start(fs, rt.handle().clone(), &mountpoint, &settings)
@@ -417,6 +426,9 @@ fn serve(
     };
     let ended = mounted.ended();
     ready.send("ok");
+    if let Some(fs) = warm_fs {
+        rt.spawn(async move { fs.warm_metadata().await });
+    }
     // Under systemd (Type=notify) the unit becomes active only now that the mount is live.
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
     let signalled = rt.block_on(async {

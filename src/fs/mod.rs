@@ -27,6 +27,7 @@ mod reclaim;
 mod seq;
 mod staging;
 mod superblock;
+mod warmup;
 mod write;
 mod write_budget;
 mod write_ops;
@@ -36,6 +37,7 @@ pub use inode::{Kind, ROOT_INO};
 pub use prefetch::{PrefetchStats, Progress};
 pub use readdir::DirItem;
 pub use superblock::MetadataUsage;
+pub use warmup::WarmUp;
 pub use write_ops::SetAttr;
 
 use crate::config::Config;
@@ -153,7 +155,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Fs {
     /// A filesystem over `bucket`, rooted at `fs.only_dir` when set.
     pub fn new(client: Client, bucket: &str, cfg: &Config) -> Fs {
-        let ms = Duration::from_millis;
+        let ms = crate::config::ttl;
         let fs = &cfg.fs;
         // SAFETY: getuid and getgid cannot fail and touch no memory.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };

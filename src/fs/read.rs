@@ -105,7 +105,7 @@ impl Handle {
 impl ReadPath {
     /// Builds the caches from the configuration.
     pub fn new(client: Client, bucket: &str, read: &ReadConfig, cache: &CacheConfig) -> Self {
-        let budget = cache.memory_mb.max(16) * 1024 * 1024;
+        let budget = cache.budget_mb().max(16) * 1024 * 1024;
         let block = read.block_kb.max(4) * 1024;
         let counters = Arc::new(Counters::default());
         let prefetched: moka::sync::Cache<(Arc<str>, i64), ()> =

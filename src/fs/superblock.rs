@@ -108,6 +108,8 @@ pub(super) struct Superblock {
     /// Listings by directory key (not inode: prefetch lists directories the kernel has not
     /// looked up yet).
     listings: Option<moka::sync::Cache<String, Arc<Listing>>>,
+    /// The listing cache's cap in bytes (`fs.metadata_cache_mb`).
+    metadata_cap: u64,
     /// Directories found to hold more than one page: lookups in them do not list them.
     large_dirs: Option<moka::sync::Cache<String, ()>>,
     /// `whole_listing` calls in flight, by directory key.
@@ -122,7 +124,7 @@ pub(super) struct Superblock {
 impl Superblock {
     /// The metadata of a mount of `bucket` as `fs` configures it.
     pub(super) fn new(client: Client, bucket: &str, fs: &FsConfig) -> Superblock {
-        let ms = Duration::from_millis;
+        let ms = crate::config::ttl;
         let root = names::dir_prefix(fs.only_dir.as_deref());
         Superblock {
             client,
@@ -131,6 +133,7 @@ impl Superblock {
             root_key: root,
             stat_ttl: ms(fs.stat_ttl_ms),
             listings: listing_cache(ms(fs.list_ttl_ms), fs.metadata_cache_mb << 20),
+            metadata_cap: fs.metadata_cache_mb << 20,
             large_dirs: ttl_cache(ms(fs.list_ttl_ms), 4096),
             listing_now: Mutex::new(HashMap::new()),
             list_options: ListOptions::from_config(fs),
@@ -321,6 +324,11 @@ impl Superblock {
         })
     }
 
+    /// Concurrent listings of a parallel listing, or of the warm-up.
+    pub(super) fn list_workers(&self) -> usize {
+        self.list_options.workers
+    }
+
     /// What the metadata holds now: inodes, cached listings and their weight.
     pub(super) fn usage(&self) -> MetadataUsage {
         let (listings, listing_bytes) = self.listings.as_ref().map_or((0, 0), |c| {
@@ -398,6 +406,39 @@ impl Superblock {
             c.insert(dir.key(), listing.clone());
         }
         Ok(listing)
+    }
+
+    /// Lists directory `dkey` into the listing cache (the warm-up at mount) and returns the
+    /// keys of its subdirectories and how many entries it holds; `None` when listings are
+    /// not cached or the cache is nearly full, so the warm-up stops short of the cap
+    /// instead of evicting what it has just listed.
+    pub(super) async fn warm_listing(&self, dkey: &str) -> FsResult<Option<(Vec<String>, u64)>> {
+        let Some(cache) = &self.listings else {
+            return Ok(None);
+        };
+        // The weight is only brought up to date by the cache's pending work.
+        cache.run_pending_tasks();
+        if cache.weighted_size() >= self.metadata_cap / 10 * 9 {
+            return Ok(None);
+        }
+        let listing = list_dir(
+            &self.client,
+            &self.bucket,
+            dkey,
+            &self.warnings,
+            self.list_options,
+        )
+        .await
+        .map_err(|e| error::log_err("list", dkey, &e))?;
+        let subdirs = listing
+            .entries
+            .iter()
+            .filter(|e| e.kind == Kind::Dir)
+            .map(|e| names::dir_key(dkey, &e.name))
+            .collect();
+        let n = listing.entries.len() as u64;
+        cache.insert(dkey.to_string(), Arc::new(listing));
+        Ok(Some((subdirs, n)))
     }
 
     /// The cached listing of directory `dkey`, if one is kept.

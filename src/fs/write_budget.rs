@@ -42,7 +42,7 @@ pub(super) fn permits_for(bytes: u64) -> u32 {
 /// The write share of the memory budget in bytes, and the read path's configuration with
 /// what remains.
 pub fn split_budget(cache: &CacheConfig, write: &WriteConfig) -> (u64, CacheConfig) {
-    let total = cache.memory_mb.max(16);
+    let total = cache.budget_mb().max(16);
     let write_mb = (total * write.memory_percent.min(90) / 100).max(4);
     let read = CacheConfig {
         memory_mb: total.saturating_sub(write_mb).max(8),

@@ -1,0 +1,114 @@
+//! What the machine (or the container) gives the daemon: its memory limit, for the defaults
+//! that scale with it. A container's cgroup limit counts, not the host's memory: a sidecar
+//! limited to 512 MiB on a 1 TiB node must size its budget from the 512 MiB.
+
+use std::path::{Path, PathBuf};
+
+/// The memory the daemon may use: the smallest of the machine's total memory and every
+/// cgroup limit above this process (v1 or v2), in bytes; `None` when nothing can be read.
+pub fn memory_limit_bytes() -> Option<u64> {
+    let total = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| meminfo_total(&m));
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let limits = cgroup_limit_files(&cgroup, Path::new("/sys/fs/cgroup"))
+        .into_iter()
+        .filter_map(|f| std::fs::read_to_string(f).ok())
+        .filter_map(|text| text.trim().parse::<u64>().ok());
+    total.into_iter().chain(limits).min()
+}
+
+/// `MemTotal` of `/proc/meminfo`, in bytes.
+fn meminfo_total(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// The files that may hold a memory limit of this process under `root`: the mounted
+/// hierarchy's own (a container sees its cgroup as the root) and those of the process's
+/// cgroup path and every parent (a host sees the whole tree). "max" or an absent file is
+/// no limit.
+fn cgroup_limit_files(proc_cgroup: &str, root: &Path) -> Vec<PathBuf> {
+    let mut files = vec![
+        root.join("memory.max"),
+        root.join("memory/memory.limit_in_bytes"),
+    ];
+    for line in proc_cgroup.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(id), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        let (base, file) = match (id, controllers) {
+            ("0", "") => (root.to_path_buf(), "memory.max"),
+            (_, c) if c.split(',').any(|c| c == "memory") => {
+                (root.join("memory"), "memory.limit_in_bytes")
+            }
+            _ => continue,
+        };
+        let mut dir = Path::new(path.trim_start_matches('/'));
+        loop {
+            files.push(base.join(dir).join(file));
+            match dir.parent() {
+                Some(p) => dir = p,
+                None => break,
+            }
+        }
+    }
+    files
+}
+
+/// The memory budget when `cache.memory_mb` is 0 (automatic): an eighth of the memory the
+/// daemon may use, at least 64 MiB and at most 2 GiB; 1 GiB when nothing can be read.
+pub fn default_budget_mb(limit_bytes: Option<u64>) -> u64 {
+    match limit_bytes {
+        Some(b) => ((b / 8) >> 20).clamp(64, 2048),
+        None => 1024,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_budget_is_an_eighth_of_the_limit_within_bounds() {
+        assert_eq!(default_budget_mb(Some(512 << 20)), 64);
+        assert_eq!(default_budget_mb(Some(8 << 30)), 1024);
+        assert_eq!(default_budget_mb(Some(1 << 40)), 2048);
+        assert_eq!(default_budget_mb(None), 1024);
+    }
+
+    #[test]
+    fn limit_files_cover_v1_and_v2_and_every_parent() {
+        let cg = "4:memory:/kubepods/pod1/c2\n0::/kubepods/pod1/c2\n1:cpu:/x\n";
+        let files = cgroup_limit_files(cg, Path::new("/cg"));
+        for want in [
+            "/cg/memory.max",
+            "/cg/memory/memory.limit_in_bytes",
+            "/cg/memory/kubepods/pod1/c2/memory.limit_in_bytes",
+            "/cg/memory/kubepods/memory.limit_in_bytes",
+            "/cg/kubepods/pod1/c2/memory.max",
+            "/cg/kubepods/pod1/memory.max",
+        ] {
+            assert!(files.contains(&PathBuf::from(want)), "{want} in {files:?}");
+        }
+        assert!(
+            !files.iter().any(|f| f.starts_with("/cg/x")),
+            "cpu is not memory"
+        );
+    }
+
+    #[test]
+    fn meminfo_total_is_in_bytes() {
+        let m = "MemTotal:       24683656 kB\nMemFree: 1 kB\n";
+        assert_eq!(meminfo_total(m), Some(24683656 * 1024));
+    }
+
+    #[test]
+    fn this_machine_has_a_limit() {
+        let limit = memory_limit_bytes().expect("/proc/meminfo is readable");
+        assert!(limit > 64 << 20);
+    }
+}
