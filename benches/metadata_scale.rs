@@ -12,14 +12,17 @@
 //! resident memory below the cap after the kernel drops its caches; the walk after the
 //! warm-up at least 3x faster than cold.
 //!
+//! Every emulator call answers after `--latency-us` (5000: a real ListObjects takes 5-30 ms;
+//! on loopback listing would cost nothing and hide what the warm-up saves).
+//!
 //! Needs root (mount, drop_caches) and `find` and `python3`. Flags (after `--`):
-//! `--objects N` (1000000), `--dirs N` (1000), `--binary PATH` (the daemon; default the one
+//! `--objects N` (1000000), `--dirs N` (1000), `--latency-us N` (5000), `--binary PATH` (the daemon; default the one
 //! cargo built), `--extra "ARGS"` (more mount flags, split on spaces, for every mount), `--skip-warmup`
 //! (for a daemon without `--prefetch-metadata`).
 //! Prints a table and writes target/bench-results/metadata_scale.json.
 
 use anyhow::{bail, Context};
-use rapidfs::emulator::{Emulator, EmulatorOptions};
+use rapidfs::emulator::{Emulator, EmulatorOptions, Faults};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -33,6 +36,7 @@ struct Args {
     binary: PathBuf,
     extra: Vec<String>,
     warmup: bool,
+    latency_us: u64,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -42,6 +46,7 @@ fn parse_args() -> anyhow::Result<Args> {
         binary: PathBuf::from(env!("CARGO_BIN_EXE_rapidfs")),
         extra: Vec::new(),
         warmup: true,
+        latency_us: 5_000,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -51,6 +56,7 @@ fn parse_args() -> anyhow::Result<Args> {
             "--dirs" => a.dirs = value("--dirs")?.parse::<usize>()?.max(1),
             "--binary" => a.binary = value("--binary")?.into(),
             "--skip-warmup" => a.warmup = false,
+            "--latency-us" => a.latency_us = value("--latency-us")?.parse()?,
             "--extra" => {
                 a.extra = value("--extra")?
                     .split_whitespace()
@@ -215,6 +221,10 @@ fn main() -> anyhow::Result<()> {
         let name = format!("dir{:05}/sample_{:08}.jpg", i / per_dir, i);
         emu.put_object(BUCKET, &name, empty.clone())?;
     }
+    emu.set_faults(Faults {
+        latency_us: a.latency_us,
+        ..Faults::default()
+    });
     let dirs = a.objects.div_ceil(per_dir);
     let expect = 1 + dirs + a.objects;
     eprintln!(
@@ -310,6 +320,7 @@ fn main() -> anyhow::Result<()> {
         "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         "binary": a.binary,
         "extra": a.extra,
+        "latency_us": a.latency_us,
         "seconds": {
             "find_cold": find_cold, "find_warm": find_warm, "find_after_warmup": find_after,
             "walk_cold": walk_cold, "walk_warm": walk_warm, "walk_after_warmup": walk_after,
