@@ -249,6 +249,7 @@ mod tests {
             crc32c: None,
             create_time: SystemTime::UNIX_EPOCH,
             update_time: SystemTime::UNIX_EPOCH,
+            symlink: None,
         }
     }
 
