@@ -77,6 +77,7 @@ rapidfs is serving $DATA/$BUCKET (through the gRPC emulator) at $MNT. Try:
 Writing works too (close and fsync return once the bytes are in the bucket):
 
   echo hello > $MNT/notes.txt && cat $DATA/$BUCKET/notes.txt
+  ln -s notes.txt $MNT/latest.txt && ls -l $MNT/latest.txt && cat $MNT/latest.txt   # symlinks, stored as gcsfuse stores them
   mkdir -p $MNT/out && dd if=/dev/zero of=$MNT/out/shard-0.bin bs=1M count=256 conv=fsync
   python3 -c "import torch; torch.save({'w': torch.ones(1024, 1024)}, '$MNT/model.pt'); print(torch.load('$MNT/model.pt')['w'].sum())"   # with PyTorch
 

@@ -100,7 +100,7 @@ pub fn builder() -> PrometheusBuilder {
 }
 
 /// Every FUSE operation that is recorded.
-const FUSE_OPS: [&str; 21] = [
+const FUSE_OPS: [&str; 24] = [
     "lookup",
     "getattr",
     "setattr",
@@ -108,6 +108,9 @@ const FUSE_OPS: [&str; 21] = [
     "mkdir",
     "unlink",
     "rmdir",
+    "symlink",
+    "readlink",
+    "link",
     "rename",
     "open",
     "create",
@@ -344,6 +347,7 @@ fn errno_name(errno: i32) -> &'static str {
         libc::EINTR => "EINTR",
         libc::EAGAIN => "EAGAIN",
         libc::ENAMETOOLONG => "ENAMETOOLONG",
+        libc::ELOOP => "ELOOP",
         libc::ENOSYS => "ENOSYS",
         _ => "other",
     }

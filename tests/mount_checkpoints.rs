@@ -1,7 +1,8 @@
 //! Real checkpoint writers through a real mount, each followed by a SIGKILL of the daemon:
 //! `torch.save`, `torch.distributed.checkpoint` (files written from threads, fsynced, and
-//! `.metadata` renamed into place), `safetensors.torch.save_file`, and a Hugging Face style
-//! sharded save (safetensors shards plus an index JSON). Once the writer has returned, the
+//! `.metadata` renamed into place), `safetensors.torch.save_file`, a Hugging Face style
+//! sharded save (safetensors shards plus an index JSON), and PyTorch Lightning's
+//! `ModelCheckpoint` in a real `Trainer.fit` (old checkpoints deleted, `last.ckpt` a symlink). Once the writer has returned, the
 //! daemon is killed; a new daemon on a new mountpoint must load every tensor back equal.
 //! Needs the interpreter tests/setup.sh prepares (RAPIDFS_PYTHON); fails loudly without it.
 
@@ -119,5 +120,65 @@ for file in sorted(set(index["weight_map"].values())):
     loaded.update(load_file(os.path.join(root, "sharded", file)))
 same(state, loaded)
 "#,
+    );
+}
+
+/// A short real `Trainer.fit` on the CPU with `ModelCheckpoint(save_top_k=2,
+/// save_last="link")`: full-batch gradient descent on a convex loss, so every epoch's loss is
+/// lower than the one before and the top two are the last two epochs. Lightning falls back to
+/// copying when `os.symlink` fails, so the checks insist on a real link.
+const LIGHTNING_FIT: &str = r#"
+import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch.utils.data import DataLoader, TensorDataset
+
+class Tiny(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(8, 1)
+    def training_step(self, batch, _):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.layer(x), y)
+        self.log("train_loss", loss, on_step=False, on_epoch=True)
+        return loss
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+torch.manual_seed(0)
+x = torch.randn(64, 8)
+data = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=64)
+ckpt = os.path.join(root, "ckpt")
+cb = ModelCheckpoint(dirpath=ckpt, filename="{epoch}", save_top_k=2, monitor="train_loss",
+                     mode="min", save_last="link")
+model = Tiny()
+trainer = L.Trainer(max_epochs=4, accelerator="cpu", devices=1, logger=False,
+                    enable_progress_bar=False, enable_model_summary=False, callbacks=[cb])
+trainer.fit(model, data)
+assert sorted(os.path.basename(p) for p in cb.best_k_models) == ["epoch=2.ckpt", "epoch=3.ckpt"]
+torch.save(model.state_dict(), os.path.join(root, "expected.pt"))
+"#;
+
+/// What must hold after the fit, on the mount that ran it and on a new one after a SIGKILL:
+/// the two best checkpoints only, `last.ckpt` a link to the newest, and the weights loaded
+/// through the link equal to the trained model's.
+const LIGHTNING_CHECK: &str = r#"
+ckpt = os.path.join(root, "ckpt")
+assert sorted(os.listdir(ckpt)) == ["epoch=2.ckpt", "epoch=3.ckpt", "last.ckpt"], os.listdir(ckpt)
+last = os.path.join(ckpt, "last.ckpt")
+assert os.path.islink(last), "last.ckpt is a copy, not a link"
+assert os.readlink(last) == "epoch=3.ckpt", os.readlink(last)
+assert os.path.realpath(last) == os.path.realpath(os.path.join(ckpt, "epoch=3.ckpt"))
+expected = torch.load(os.path.join(root, "expected.pt"))
+through_link = torch.load(last, weights_only=False)["state_dict"]
+same(expected, through_link)
+assert torch.load(last, weights_only=False)["epoch"] == 3
+same(through_link, torch.load(os.path.join(ckpt, "epoch=3.ckpt"), weights_only=False)["state_dict"])
+"#;
+
+#[test]
+fn lightning_model_checkpoint_links_last_and_keeps_the_top_two_after_a_daemon_kill() {
+    save_kill_load(
+        &format!("{LIGHTNING_FIT}\n{LIGHTNING_CHECK}"),
+        LIGHTNING_CHECK,
     );
 }

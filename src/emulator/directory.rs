@@ -1,15 +1,15 @@
 //! The directory backend: every non-hidden sub-directory of the root is a bucket, every file
 //! an object named by its relative path, every directory a folder. Files changed on disk
 //! behind our back are noticed (a new size or mtime is a new generation). Object metadata
-//! (generation, metageneration, finalized or not, CRC32C, persisted size) lives under
-//! `ROOT/.rapidfs-emulator/buckets/`: a snapshot and a journal of the changes since (see
-//! `journal.rs`), durable before any size is acknowledged, so it survives a restart, at O(1)
-//! cost a change. New generations are written beside the tree and renamed into place, so
-//! readers of the old one keep their bytes. Touches only files under the root.
+//! (generation, metageneration, finalized or not, CRC32C, persisted size, custom metadata)
+//! lives under `ROOT/.rapidfs-emulator/buckets/`: a snapshot and a journal of the changes
+//! since (see `journal.rs`), durable before any size is acknowledged, so it survives a
+//! restart, at O(1) cost a change. New generations are written beside the tree and renamed
+//! into place, so readers of the old one keep their bytes. Touches only files under the root.
 
 use super::content::{Content, Data, Segments, WriteState};
 use super::journal::Journals;
-use super::store::{micros, Backend, BucketState, Entry, Stamp, Store, Touched};
+use super::store::{micros, Backend, BucketState, CustomMetadata, Entry, Stamp, Store, Touched};
 use super::tree::{bucket_dirs, walk};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet};
@@ -47,6 +47,9 @@ struct Record {
     update_us: i64,
     /// The file's size and mtime (ns) when last seen, for finalized objects.
     stamp: Option<(u64, i128)>,
+    /// Custom metadata; absent when empty, as in files written before it was kept.
+    #[serde(default, skip_serializing_if = "CustomMetadata::is_empty")]
+    metadata: CustomMetadata,
 }
 
 fn io_status(what: &str, path: &Path, e: io::Error) -> Status {
@@ -79,6 +82,7 @@ fn record_of(e: &Entry) -> Record {
         create_us: micros(e.create_time),
         update_us: micros(st.update_time),
         stamp: e.stamp,
+        metadata: e.metadata.clone(),
     }
 }
 
@@ -157,6 +161,7 @@ impl DirectoryBackend {
                 WriteState::finalized(meta.len(), None, mtime),
             ),
             metageneration: 1,
+            metadata: CustomMetadata::new(),
             create_time: mtime,
             stamp: Some(stamp_of(meta)),
         }
@@ -274,6 +279,7 @@ impl Backend for DirectoryBackend {
                     Entry {
                         content: Content::new(rec.generation, Data::File(path), ws),
                         metageneration: rec.metageneration,
+                        metadata: rec.metadata.clone(),
                         create_time: from_us(rec.create_us),
                         stamp: rec.stamp,
                     },
@@ -458,5 +464,20 @@ impl Backend for DirectoryBackend {
             Data::File(path) => fs::metadata(path).ok().map(|m| stamp_of(&m)),
             Data::Mem(_) => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Record;
+
+    #[test]
+    fn records_written_before_custom_metadata_was_kept_still_load() {
+        let old = r#"{"generation":5,"metageneration":1,"size":3,"crc32c":null,
+            "finalized_us":1,"create_us":1,"update_us":1,"stamp":null}"#;
+        let r: Record = serde_json::from_str(old).expect("an old record loads");
+        assert!(r.metadata.is_empty());
+        let again = serde_json::to_string(&r).expect("encodes");
+        assert!(!again.contains("metadata"), "empty metadata is not written");
     }
 }

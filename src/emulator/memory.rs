@@ -57,6 +57,7 @@ impl Backend for MemoryBackend {
                     Entry {
                         content,
                         metageneration: 1,
+                        metadata: Default::default(),
                         create_time: now,
                         stamp: None,
                     },

@@ -269,6 +269,21 @@ impl Emulator {
 
     /// Creates (or replaces, new generation) a finalized object.
     pub fn put_object(&self, bucket: &str, name: &str, data: bytes::Bytes) -> anyhow::Result<i64> {
+        self.put_object_with_metadata(bucket, name, data, &[])
+    }
+
+    /// `put_object` with custom metadata (`Object.metadata`), as other tools write it.
+    pub fn put_object_with_metadata(
+        &self,
+        bucket: &str,
+        name: &str,
+        data: bytes::Bytes,
+        metadata: &[(&str, &str)],
+    ) -> anyhow::Result<i64> {
+        let metadata = metadata
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         self.service
             .store
             .put(
@@ -276,6 +291,7 @@ impl Emulator {
                 name,
                 content::Segments::from_bytes(data),
                 Preconditions::default(),
+                metadata,
             )
             .map(|e| e.content.generation)
             .map_err(|s| anyhow::anyhow!("put {bucket}/{name}: {}", s.message()))

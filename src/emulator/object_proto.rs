@@ -23,7 +23,7 @@ pub(crate) fn to_proto(bucket: &str, name: &str, e: &Entry) -> Object {
 
 /// The `Object` fields a request's `read_mask` asks for; no mask, or `*`, means all of them.
 /// Paths name `Object` fields (`name`, `size`, ...) as Google's clients send them; a path
-/// naming a field the emulator never fills (`acl`, `metadata`, ...) selects nothing more.
+/// naming a field the emulator never fills (`acl`, `owner`, ...) selects nothing more.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ObjectFields {
     bucket: bool,
@@ -37,6 +37,7 @@ pub(crate) struct ObjectFields {
     create_time: bool,
     checksums: bool,
     update_time: bool,
+    metadata: bool,
 }
 
 impl ObjectFields {
@@ -53,6 +54,7 @@ impl ObjectFields {
         create_time: true,
         checksums: true,
         update_time: true,
+        metadata: true,
     };
 
     /// The fields `mask` selects. `name` is always sent: a listing without names is useless,
@@ -78,6 +80,7 @@ impl ObjectFields {
             create_time: has("create_time"),
             checksums: has("checksums"),
             update_time: has("update_time"),
+            metadata: has("metadata"),
         }
     }
 }
@@ -125,6 +128,14 @@ pub(crate) fn to_proto_masked(bucket: &str, name: &str, e: &Entry, f: &ObjectFie
             md5_hash: Bytes::new(),
         }),
         update_time: f.update_time.then(|| timestamp(st.update_time)),
+        metadata: if f.metadata {
+            e.metadata
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        } else {
+            Default::default()
+        },
         ..Object::default()
     }
 }

@@ -26,6 +26,23 @@ pub(crate) enum Touched<'a> {
     All,
 }
 
+/// An object's custom metadata (`Object.metadata`): key-value pairs its writer set.
+pub(crate) type CustomMetadata = BTreeMap<String, String>;
+
+/// The most bytes of keys and values an object's custom metadata may hold, as on GCS.
+const MAX_CUSTOM_METADATA_BYTES: usize = 8 * 1024;
+
+/// Refuses custom metadata larger than the service allows.
+pub(crate) fn check_custom_metadata(metadata: &CustomMetadata) -> Result<(), Status> {
+    let bytes: usize = metadata.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if bytes > MAX_CUSTOM_METADATA_BYTES {
+        return Err(Status::invalid_argument(format!(
+            "custom metadata of {bytes} bytes exceeds the limit of {MAX_CUSTOM_METADATA_BYTES}"
+        )));
+    }
+    Ok(())
+}
+
 /// One live object: its current generation plus metadata outside the bytes.
 #[derive(Debug, Clone)]
 pub(crate) struct Entry {
@@ -33,6 +50,8 @@ pub(crate) struct Entry {
     pub content: Arc<Content>,
     /// Bumped by metadata changes (a move).
     pub metageneration: i64,
+    /// The custom metadata its writer set; a move keeps it.
+    pub metadata: CustomMetadata,
     /// When this generation was created.
     pub create_time: SystemTime,
     /// How the file looked when last seen (directory backend only).
@@ -280,14 +299,16 @@ impl Store {
         self.with_bucket(bucket, Refresh::Prefix(prefix), |b| Ok(f(b)))
     }
 
-    /// Creates a new empty appendable generation owned by a new writer.
+    /// Creates a new empty appendable generation, with `metadata`, owned by a new writer.
     pub fn create_appendable(
         &self,
         bucket: &str,
         name: &str,
         pre: Preconditions,
+        metadata: CustomMetadata,
     ) -> Result<(Entry, ContentWriter), Status> {
         self.check_name(name)?;
+        check_custom_metadata(&metadata)?;
         self.mutate(bucket, Refresh::One(name), Touched::Names(&[name]), |b| {
             pre.check(live(b, name))?;
             check_not_folder(b, name)?;
@@ -302,6 +323,7 @@ impl Store {
             let entry = Entry {
                 content: content.clone(),
                 metageneration: 1,
+                metadata,
                 create_time: now,
                 stamp: None,
             };
@@ -311,15 +333,17 @@ impl Store {
         })
     }
 
-    /// Stores complete bytes as a new finalized generation.
+    /// Stores complete bytes, with `metadata`, as a new finalized generation.
     pub fn put(
         &self,
         bucket: &str,
         name: &str,
         segs: Segments,
         pre: Preconditions,
+        metadata: CustomMetadata,
     ) -> Result<Entry, Status> {
         self.check_name(name)?;
+        check_custom_metadata(&metadata)?;
         let len = segs.len();
         let crc = segs.iter().fold(0u32, |c, s| crc32c::crc32c_append(c, s));
         let segs = Arc::new(RwLock::new(segs));
@@ -337,6 +361,7 @@ impl Store {
             let entry = Entry {
                 content,
                 metageneration: 1,
+                metadata,
                 create_time: now,
                 stamp,
             };
@@ -664,6 +689,7 @@ fn relocate(b: &mut BucketState, name: &str, data: Data) -> Result<Entry, Status
     Ok(Entry {
         content: Content::new(old.content.generation, data, state),
         metageneration: old.metageneration + 1,
+        metadata: old.metadata,
         create_time: old.create_time,
         stamp: old.stamp,
     })

@@ -8,7 +8,7 @@ use super::content::{Content, ContentWriter, Segments, MAX_CHUNK};
 use super::object_proto::to_proto;
 use super::preconditions::Preconditions;
 use super::stats::add;
-use super::store::Entry;
+use super::store::{check_custom_metadata, CustomMetadata, Entry};
 use super::wire::{decode_handle, encode_handle, header_routing_token, status_with_detail, Outbox};
 use super::Service;
 use crate::proto::storage::bidi_write_object_request::{Data, FirstMessage};
@@ -36,6 +36,7 @@ enum Target {
         name: String,
         pre: Preconditions,
         segs: Segments,
+        metadata: CustomMetadata,
     },
 }
 
@@ -92,12 +93,19 @@ impl Service {
                         )));
                     }
                 }
+                let metadata: CustomMetadata = resource
+                    .metadata
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
                 let target = if spec.appendable == Some(true) {
                     let (entry, writer) =
-                        self.store.create_appendable(&bucket, &resource.name, pre)?;
+                        self.store
+                            .create_appendable(&bucket, &resource.name, pre, metadata)?;
                     Target::Append { entry, writer }
                 } else {
                     self.store.check_name(&resource.name)?;
+                    check_custom_metadata(&metadata)?;
                     self.store.bucket(&bucket)?;
                     let live = self.store.get(&bucket, &resource.name, 0).ok();
                     pre.check(live.map(|e| (e.content.generation, e.metageneration)))?;
@@ -105,6 +113,7 @@ impl Service {
                         name: resource.name.clone(),
                         pre,
                         segs: Segments::default(),
+                        metadata,
                     }
                 };
                 (bucket, resource.name.clone(), target)
@@ -373,7 +382,12 @@ impl Session {
                     self.out.send(Ok(resp)).await;
                 }
             }
-            Target::Upload { name, pre, segs } => {
+            Target::Upload {
+                name,
+                pre,
+                segs,
+                metadata,
+            } => {
                 if let Some(d) = data {
                     if offset > segs.len() {
                         return Err(Status::invalid_argument(format!(
@@ -396,7 +410,11 @@ impl Session {
                         }
                     }
                     let all = std::mem::take(segs);
-                    let entry = self.service.store.put(&self.bucket, name, all, *pre)?;
+                    let metadata = std::mem::take(metadata);
+                    let entry = self
+                        .service
+                        .store
+                        .put(&self.bucket, name, all, *pre, metadata)?;
                     let resp = BidiWriteObjectResponse {
                         write_status: Some(WriteStatus::Resource(to_proto(
                             &self.bucket,

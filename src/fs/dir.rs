@@ -1,6 +1,7 @@
 //! Directory listings: one directory's entries from paged `ListObjects` with delimiter `/`,
 //! merged under the name rules (a directory wins over a same-named object, names POSIX cannot
-//! show are hidden), sorted by name so lookups can search them. A directory found large while
+//! show are hidden), objects their metadata marks as symbolic links listed as links, sorted
+//! by name so lookups can search them. A directory found large while
 //! listing page by page is listed the rest of the way in parallel (`list_parallel`).
 
 use super::inode::{Kind, ObjMeta};
@@ -9,7 +10,7 @@ use super::names::is_visible;
 use crate::config::FsConfig;
 use crate::gcs::{self, Client, ListPage};
 use std::collections::HashSet;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// The service's largest page.
 const MAX_PAGE_SIZE: u32 = 1000;
@@ -41,10 +42,12 @@ impl ListOptions {
 pub struct ListedEntry {
     /// The name inside the directory.
     pub name: String,
-    /// File or directory.
+    /// File, directory or symbolic link.
     pub kind: Kind,
-    /// The object's metadata, for files.
+    /// The object's metadata, for files and links.
     pub meta: Option<ObjMeta>,
+    /// A link's target, when its object's metadata gives it.
+    pub target: Option<Arc<str>>,
 }
 
 /// A directory's visible entries, sorted by name.
@@ -181,30 +184,34 @@ pub fn page_entries(prefix: &str, page: ListPage) -> Vec<ListedEntry> {
                 name,
                 kind: Kind::Dir,
                 meta: None,
+                target: None,
             });
         }
     }
     for mut o in page.objects {
         let meta = ObjMeta::from(&o);
+        let (kind, target) = Kind::of_object(&o);
         // The directory's own marker object (`prefix` itself) is not an entry.
         let Some(name) = below(std::mem::take(&mut o.name)).filter(|n| is_visible(n)) else {
             continue;
         };
         entries.push(ListedEntry {
             name,
-            kind: Kind::File,
+            kind,
             meta: Some(meta),
+            target,
         });
     }
     entries.sort_by(entry_order);
     entries
 }
 
-/// By name; a directory before a file of the same name, so that it wins in `merge_runs`.
+/// By name; a directory before a file or link of the same name, so that it wins in
+/// `merge_runs`.
 fn entry_order(a: &ListedEntry, b: &ListedEntry) -> std::cmp::Ordering {
     a.name
         .cmp(&b.name)
-        .then_with(|| (a.kind == Kind::File).cmp(&(b.kind == Kind::File)))
+        .then_with(|| (a.kind != Kind::Dir).cmp(&(b.kind != Kind::Dir)))
 }
 
 /// Merges the sorted runs of entries of directory `prefix` (`page_entries` of its pages, in
@@ -230,7 +237,7 @@ pub fn merge_runs(
         if later.name != kept.name {
             return false;
         }
-        if kept.kind == Kind::Dir && later.kind == Kind::File {
+        if kept.kind == Kind::Dir && later.kind != Kind::Dir {
             warnings.warn(&format!("{prefix}{}", later.name));
         }
         true
@@ -257,6 +264,7 @@ mod tests {
             crc32c: None,
             create_time: SystemTime::UNIX_EPOCH,
             update_time: SystemTime::UNIX_EPOCH,
+            symlink: None,
         }
     }
 
@@ -282,6 +290,32 @@ mod tests {
         assert_eq!(l.find("a").and_then(|e| e.meta).map(|m| m.size), Some(1));
         assert!(l.find("nope").is_none());
         assert!(w.0.lock().unwrap().contains("d/sub"));
+    }
+
+    #[test]
+    fn marked_objects_list_as_links_with_what_their_metadata_says() {
+        let legacy = ObjectMeta {
+            symlink: Some(crate::gcs::Symlink::Target("../t".into())),
+            ..obj("d/old", 0)
+        };
+        let standard = ObjectMeta {
+            symlink: Some(crate::gcs::Symlink::InContent),
+            ..obj("d/new", 4)
+        };
+        let page = ListPage {
+            objects: vec![legacy, standard, obj("d/plain", 1)],
+            prefixes: vec![],
+            next_page_token: String::new(),
+        };
+        let l = merge("d/", vec![page], &ShadowWarnings::default());
+        let old = l.find("old").expect("old");
+        assert_eq!(
+            (old.kind, old.target.as_deref()),
+            (Kind::Symlink, Some("../t"))
+        );
+        let new = l.find("new").expect("new");
+        assert_eq!((new.kind, new.target.as_deref()), (Kind::Symlink, None));
+        assert_eq!(l.find("plain").map(|e| e.kind), Some(Kind::File));
     }
 
     #[test]

@@ -1,13 +1,17 @@
-//! The inode table: one inode number per object key (files) or prefix (directories), with the
-//! kernel's lookup count, and each file's last known (generation, size) identity.
+//! The inode table: one inode number per object key (files and symbolic links) or prefix
+//! (directories), with the kernel's lookup count, each file's last known (generation, size)
+//! identity, and each symbolic link's target once known.
 //!
 //! Keys of directories end in `/` and keys of files do not, so a file `a` and a directory `a/`
-//! never share an inode. A file inode is pinned to one generation: when a lookup finds a newer
-//! generation, the key gets a new inode, so the kernel's page cache of the old inode (still
-//! used by handles opened before) never mixes bytes of two versions; appends (same generation,
-//! larger size) keep the inode. An inode lives while the kernel holds lookups on it; `forget`
-//! drops it when the count reaches zero. The root is never forgotten.
+//! never share an inode. A file inode is pinned to one generation: when a lookup finds a
+//! newer generation, the key gets a new inode, so the kernel's page cache of the old inode
+//! (still used by handles opened before) never mixes bytes of two versions; appends (same
+//! generation, larger size) keep the inode. A symbolic link is an object too (see
+//! `gcs::Symlink`), pinned the same way, so its target never changes under its inode. An
+//! inode lives while the kernel holds lookups on it; `forget` drops it when the count reaches
+//! zero. The root is never forgotten.
 
+use crate::gcs;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Instant, SystemTime};
@@ -15,13 +19,27 @@ use std::time::{Instant, SystemTime};
 /// Inode number of the mount's root directory.
 pub const ROOT_INO: u64 = 1;
 
-/// File or directory.
+/// File, directory or symbolic link.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     /// A regular file backed by one object.
     File,
     /// A directory: a prefix ending in `/`, explicit (a folder or marker object) or implicit.
     Dir,
+    /// A symbolic link backed by one object its custom metadata marks as one.
+    Symlink,
+}
+
+impl Kind {
+    /// What object `m` stands for (a file or a symbolic link), with the link's target when
+    /// the metadata gives it (else the object's bytes hold it).
+    pub fn of_object(m: &gcs::ObjectMeta) -> (Kind, Option<Arc<str>>) {
+        match &m.symlink {
+            None => (Kind::File, None),
+            Some(gcs::Symlink::Target(t)) => (Kind::Symlink, Some(Arc::from(t.as_str()))),
+            Some(gcs::Symlink::InContent) => (Kind::Symlink, None),
+        }
+    }
 }
 
 /// What a file's object looked like when last fetched: its identity and times.
@@ -77,6 +95,8 @@ struct InodeState {
     page_cache_identity: Option<(i64, u64)>,
     /// The mount's open clock (bytes opened so far) at the last open.
     opened_at: u64,
+    /// A symbolic link's target, once known.
+    target: Option<Arc<str>>,
 }
 
 impl Inode {
@@ -88,6 +108,16 @@ impl Inode {
     /// The object key (file) or prefix ending in `/` (directory) this inode stands for now.
     pub fn key(&self) -> String {
         self.state().key.to_string()
+    }
+
+    /// A symbolic link's target, if known yet.
+    pub fn target(&self) -> Option<Arc<str>> {
+        self.state().target.clone()
+    }
+
+    /// Records a symbolic link's target, from its object's metadata or bytes.
+    pub fn set_target(&self, target: Arc<str>) {
+        self.state().target = Some(target);
     }
 
     /// The last fetched metadata and when it was fetched.
@@ -150,7 +180,7 @@ pub struct InodeTable {
 #[derive(Debug)]
 struct Tables {
     by_ino: HashMap<u64, Arc<Inode>>,
-    /// By key alone: a directory's key ends in `/` (or is the root's) and a file's never does.
+    /// By key alone: a directory's key ends in `/` (or is the root's); a file's or a link's never does.
     by_key: HashMap<Arc<str>, u64>,
     next_ino: u64,
 }
@@ -166,7 +196,8 @@ impl Tables {
     }
 }
 
-/// A file's key never ends in `/`; a directory's always does, or is the bucket root's `""`.
+/// A file's or a link's key never ends in `/`; a directory's always does, or is the bucket
+/// root's `""`.
 fn key_fits_kind(key: &str, kind: Kind) -> bool {
     (kind == Kind::Dir) == (key.is_empty() || key.ends_with('/'))
 }
@@ -185,6 +216,7 @@ impl InodeTable {
                 checked: None,
                 page_cache_identity: None,
                 opened_at: 0,
+                target: None,
             }),
         });
         let mut by_ino = HashMap::new();
@@ -229,8 +261,8 @@ impl InodeTable {
     }
 
     /// Finds or creates the inode of `key` and counts one kernel lookup on it; `meta`, when
-    /// given, refreshes a file's metadata, and a newer generation than the inode's gets a new
-    /// inode.
+    /// given, refreshes a file's metadata, and a newer generation than the inode's, or another
+    /// kind (a file replaced by a link), gets a new inode.
     pub fn lookup(&self, key: &str, kind: Kind, meta: Option<ObjMeta>) -> Arc<Inode> {
         debug_assert!(key_fits_kind(key, kind), "{key:?} as {kind:?}");
         let mut t = self.tables();
@@ -238,6 +270,7 @@ impl InodeTable {
             .by_key
             .get(key)
             .and_then(|ino| t.by_ino.get(ino))
+            .filter(|inode| inode.kind == kind)
             .filter(|inode| match (inode.meta().0, meta) {
                 (Some(old), Some(new)) => new.generation <= old.generation,
                 _ => true,
@@ -258,6 +291,7 @@ impl InodeTable {
                         checked: None,
                         page_cache_identity: None,
                         opened_at: 0,
+                        target: None,
                     }),
                 });
                 t.by_ino.insert(ino, inode.clone());
@@ -318,11 +352,11 @@ impl InodeTable {
             .iter()
             .filter(|(k, _)| match kind {
                 Kind::Dir => k.starts_with(from),
-                Kind::File => &***k == from,
+                Kind::File | Kind::Symlink => &***k == from,
             })
             .map(|(k, ino)| (k.clone(), *ino))
             .collect();
-        if kind == Kind::File {
+        if kind != Kind::Dir {
             t.by_key.remove(to);
         }
         for (old, ino) in moved {
@@ -393,6 +427,19 @@ mod tests {
         );
         t.forget(v1.ino, 2);
         assert_eq!(t.lookup("f", Kind::File, None).ino, v2.ino);
+    }
+
+    #[test]
+    fn a_link_in_place_of_a_file_is_a_new_inode_that_keeps_its_target() {
+        let t = InodeTable::new(String::new());
+        let file = t.lookup("x", Kind::File, Some(meta(1, 10)));
+        let link = t.lookup("x", Kind::Symlink, Some(meta(1, 0)));
+        assert_ne!(file.ino, link.ino);
+        assert_eq!(link.target(), None);
+        link.set_target(Arc::from("../y"));
+        let again = t.lookup("x", Kind::Symlink, None);
+        assert_eq!(again.ino, link.ino);
+        assert_eq!(again.target().as_deref(), Some("../y"));
     }
 
     #[test]

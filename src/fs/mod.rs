@@ -27,6 +27,7 @@ mod reclaim;
 mod seq;
 mod staging;
 mod superblock;
+mod symlink;
 mod warmup;
 mod write;
 mod write_budget;
@@ -61,9 +62,9 @@ const STATFS_FILES: u64 = 1 << 32;
 pub struct Attr {
     /// Inode number.
     pub ino: u64,
-    /// File or directory.
+    /// File, directory or symbolic link.
     pub kind: Kind,
-    /// Size in bytes.
+    /// Size in bytes (a link's: its target's length).
     pub size: u64,
     /// Permission bits.
     pub perm: u16,
@@ -223,14 +224,27 @@ impl Fs {
                 crtime: m.crtime,
                 blksize: BLKSIZE,
             },
+            (Kind::Symlink, Some(m)) => Attr {
+                ino: inode.ino,
+                kind: Kind::Symlink,
+                // A link's size is its target's length, whichever way its object holds it.
+                size: inode.target().map_or(m.size, |t| t.len() as u64),
+                perm: symlink::PERM,
+                nlink: 1,
+                uid: i.uid,
+                gid: i.gid,
+                mtime: m.mtime,
+                crtime: m.crtime,
+                blksize: BLKSIZE,
+            },
             (kind, _) => Attr {
                 ino: inode.ino,
                 kind,
                 size: 0,
-                perm: if kind == Kind::Dir {
-                    i.dir_mode
-                } else {
-                    i.file_mode
+                perm: match kind {
+                    Kind::Dir => i.dir_mode,
+                    Kind::Symlink => symlink::PERM,
+                    Kind::File => i.file_mode,
                 },
                 nlink: if kind == Kind::Dir { 2 } else { 1 },
                 uid: i.uid,
@@ -282,7 +296,7 @@ impl Fs {
     pub async fn getattr(&self, ino: u64) -> FsResult<Attr> {
         let inode = self.inode(ino)?;
         let meta = match inode.kind {
-            Kind::File => Some(self.inner.sb.fresh_meta(&inode).await?),
+            Kind::File | Kind::Symlink => Some(self.inner.sb.fresh_meta(&inode).await?),
             Kind::Dir => None,
         };
         Ok(self.attr_of(&inode, meta))
@@ -301,8 +315,11 @@ impl Fs {
             return Err(Errno::EROFS);
         }
         let inode = self.inode(ino)?;
-        if inode.kind == Kind::Dir {
-            return Err(Errno::EISDIR);
+        match inode.kind {
+            Kind::File => {}
+            Kind::Dir => return Err(Errno::EISDIR),
+            // The kernel follows links itself and opens their targets: this is O_NOFOLLOW.
+            Kind::Symlink => return Err(Errno(libc::ELOOP)),
         }
         // Bytes written through this mount must be in the service before a reader opens.
         self.inner.writes.settle(ino).await?;
@@ -315,7 +332,7 @@ impl Fs {
     /// `None`: ask `open`. Must run inside the runtime (prefetch may start).
     pub fn open_cached(&self, ino: u64, direct: bool) -> Option<Opened> {
         let inode = self.inode(ino).ok()?;
-        if inode.kind == Kind::Dir || self.inner.writes.is_writing(ino) {
+        if inode.kind != Kind::File || self.inner.writes.is_writing(ino) {
             return None;
         }
         let meta = self.inner.sb.cached_meta(&inode)?;

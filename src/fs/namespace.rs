@@ -1,7 +1,8 @@
 //! The namespace operations of [`Fs`]: unlink, mkdir, rmdir and rename, mapped onto the
-//! hierarchical namespace of a Rapid bucket: files are objects (DeleteObject, MoveObject),
-//! directories are folders of the Storage Control API (Create/Delete/RenameFolder), so an
-//! empty directory made by mkdir stays visible (listings include folders as prefixes).
+//! hierarchical namespace of a Rapid bucket: files and links are objects (DeleteObject,
+//! MoveObject), directories are folders of the Storage Control API
+//! (Create/Delete/RenameFolder), so an empty directory made by mkdir stays visible (listings
+//! include folders as prefixes).
 //!
 //! After each change the superblock is told (created, removed, renamed), and it corrects the
 //! caches that could answer for the old state: the listing of every directory involved,
@@ -21,7 +22,7 @@ use std::sync::Arc;
 const RENAME_NOREPLACE: u32 = libc::RENAME_NOREPLACE;
 
 impl Fs {
-    fn check_name(name: &str) -> FsResult<()> {
+    pub(super) fn check_name(name: &str) -> FsResult<()> {
         if name.len() > names::NAME_MAX {
             return Err(Errno::ENAMETOOLONG);
         }
@@ -32,7 +33,7 @@ impl Fs {
     }
 
     /// What `name` in `parent` is now (None: nothing), without keeping a kernel lookup on it.
-    async fn existing(&self, parent: u64, name: &str) -> FsResult<Option<Arc<Inode>>> {
+    pub(super) async fn existing(&self, parent: u64, name: &str) -> FsResult<Option<Arc<Inode>>> {
         match self.lookup(parent, name).await {
             Ok(e) => {
                 let inode = self.inode(e.attr.ino);
@@ -151,9 +152,10 @@ impl Fs {
         Ok(())
     }
 
-    /// `rename(2)`: a file with MoveObject (atomically replacing a file of the target name),
-    /// a directory with RenameFolder (replacing an empty directory of the target name), with
-    /// the POSIX errors: EISDIR, ENOTDIR, ENOTEMPTY, and EEXIST for RENAME_NOREPLACE.
+    /// `rename(2)`: a file or link with MoveObject (atomically replacing a file or link of the
+    /// target name), a directory with RenameFolder (replacing an empty directory of the target
+    /// name), with the POSIX errors: EISDIR, ENOTDIR, ENOTEMPTY, and EEXIST for
+    /// RENAME_NOREPLACE.
     pub async fn rename(
         &self,
         parent: u64,
@@ -179,7 +181,8 @@ impl Fs {
         }
         let from = src.key();
         let to = match src.kind {
-            Kind::File => {
+            // A link's object moves like a file's and keeps its metadata, so it stays a link.
+            Kind::File | Kind::Symlink => {
                 if dst.as_ref().is_some_and(|d| d.kind == Kind::Dir) {
                     return Err(Errno::EISDIR);
                 }
@@ -189,7 +192,7 @@ impl Fs {
                 to
             }
             Kind::Dir => {
-                if dst.as_ref().is_some_and(|d| d.kind == Kind::File) {
+                if dst.as_ref().is_some_and(|d| d.kind != Kind::Dir) {
                     return Err(Errno::ENOTDIR);
                 }
                 let to = names::dir_key(&to_dir.key(), newname);

@@ -385,14 +385,14 @@ impl Fs {
         if s.run < DIR_ORDER_RUN {
             return;
         }
-        // Directories are not files to load: their keys stay out of the order.
+        // Directories and links are not files to load: their keys stay out of the order.
         let keys = s.keys.get_or_insert_with(|| {
             listing
                 .entries
                 .iter()
                 .map(|e| match e.kind {
                     Kind::File => Arc::from(format!("{dir}{}", e.name)),
-                    Kind::Dir => Arc::from(""),
+                    Kind::Dir | Kind::Symlink => Arc::from(""),
                 })
                 .collect()
         });
@@ -489,9 +489,10 @@ impl Fs {
             let mut found = false;
             while let Some(page) = pages.next().await {
                 let page = page.map_err(|e| format!("{rel}: {e}"))?;
-                for o in &page.objects {
-                    if !o.name.ends_with('/') {
-                        found = true;
+                for o in page.objects.iter().filter(|o| !o.name.ends_with('/')) {
+                    found = true;
+                    // A link's object holds its target, not data worth loading.
+                    if o.symlink.is_none() {
                         items.push((o.name.clone(), ObjMeta::from(o)));
                     }
                 }

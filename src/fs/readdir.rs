@@ -14,7 +14,7 @@ pub struct DirItem<'a> {
     pub ino: u64,
     /// Offset of the next entry (what the kernel passes back to continue).
     pub offset: u64,
-    /// File or directory.
+    /// File, directory or symbolic link.
     pub kind: Kind,
     /// The name.
     pub name: &'a str,
@@ -77,7 +77,7 @@ impl Fs {
         for (n, e) in listing.entries.iter().enumerate().skip(skip) {
             let key = match e.kind {
                 Kind::Dir => names::dir_key(&dir_key, &e.name),
-                Kind::File => names::file_key(&dir_key, &e.name),
+                Kind::File | Kind::Symlink => names::file_key(&dir_key, &e.name),
             };
             let item = DirItem {
                 ino: self.inner.sb.ino_of(&key, e.kind),
@@ -111,18 +111,7 @@ impl Fs {
         let dir_key = dir.key();
         let skip = offset.saturating_sub(2) as usize;
         for (n, e) in listing.entries.iter().enumerate().skip(skip) {
-            let inode = match e.kind {
-                Kind::Dir => {
-                    self.inner
-                        .sb
-                        .found(&names::dir_key(&dir_key, &e.name), Kind::Dir, None)
-                }
-                Kind::File => {
-                    self.inner
-                        .sb
-                        .found(&names::file_key(&dir_key, &e.name), Kind::File, e.meta)
-                }
-            };
+            let inode = self.inner.sb.found_listed(&dir_key, e);
             let item = DirItem {
                 ino: inode.ino,
                 offset: n as u64 + 3,

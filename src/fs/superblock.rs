@@ -4,7 +4,7 @@
 //! as a named event (`created`, `removed`, `renamed`, `written`) that drops exactly the
 //! cached answers the change made wrong. No handles, no bytes.
 
-use super::dir::{list_dir, merge, ListOptions, Listing, ShadowWarnings};
+use super::dir::{list_dir, merge, ListOptions, ListedEntry, Listing, ShadowWarnings};
 use super::error::{self, Errno, FsResult};
 use super::inode::{Inode, InodeTable, Kind, ObjMeta};
 use super::list_parallel::list_request;
@@ -214,9 +214,11 @@ impl Superblock {
                 Ok(inode)
             }
             (Ok(meta), _) => {
-                let inode = self
-                    .inodes
-                    .lookup(&fkey, Kind::File, Some(ObjMeta::from(&meta)));
+                let (kind, target) = Kind::of_object(&meta);
+                let inode = self.inodes.lookup(&fkey, kind, Some(ObjMeta::from(&meta)));
+                if let Some(target) = target {
+                    inode.set_target(target);
+                }
                 Ok(inode)
             }
             (Err(gcs::Error::NotFound(_)), Ok(_) | Err(gcs::Error::NotFound(_))) => {
@@ -313,15 +315,23 @@ impl Superblock {
     /// Resolves `name` from `listing`, the listing of directory `dir`.
     fn lookup_in(&self, dir: &Inode, listing: &Listing, name: &str) -> FsResult<Arc<Inode>> {
         let found = listing.find(name).ok_or(Errno::ENOENT)?;
-        Ok(match found.kind {
-            Kind::Dir => self
+        Ok(self.found_listed(&dir.key(), found))
+    }
+
+    /// The inode of entry `e` of the listing of directory `dkey`, counting one kernel lookup.
+    pub(super) fn found_listed(&self, dkey: &str, e: &ListedEntry) -> Arc<Inode> {
+        if e.kind == Kind::Dir {
+            return self
                 .inodes
-                .lookup(&names::dir_key(&dir.key(), name), Kind::Dir, None),
-            Kind::File => {
-                self.inodes
-                    .lookup(&names::file_key(&dir.key(), name), Kind::File, found.meta)
-            }
-        })
+                .lookup(&names::dir_key(dkey, &e.name), Kind::Dir, None);
+        }
+        let inode = self
+            .inodes
+            .lookup(&names::file_key(dkey, &e.name), e.kind, e.meta);
+        if let Some(target) = &e.target {
+            inode.set_target(target.clone());
+        }
+        inode
     }
 
     /// Concurrent listings of a parallel listing, or of the warm-up.
@@ -365,7 +375,7 @@ impl Superblock {
         self.inodes.peek_ino(key, kind)
     }
 
-    /// Current metadata of a file, fetched again once older than the stat TTL.
+    /// Current metadata of a file or link, fetched again once older than the stat TTL.
     pub(super) async fn fresh_meta(&self, inode: &Inode) -> FsResult<ObjMeta> {
         if let Some(m) = self.cached_meta(inode) {
             return Ok(m);

@@ -214,8 +214,11 @@ impl Fs {
 
     async fn resize(&self, ino: u64, fh: Option<u64>, size: u64) -> FsResult<()> {
         let inode = self.inode(ino)?;
-        if inode.kind == Kind::Dir {
-            return Err(Errno::EISDIR);
+        match inode.kind {
+            Kind::File => {}
+            Kind::Dir => return Err(Errno::EISDIR),
+            // The kernel truncates a link's target; a link itself has no size to set.
+            Kind::Symlink => return Err(Errno::EINVAL),
         }
         let writes = &self.inner.writes;
         let own = fh.and_then(|fh| self.inner.handles.writer(fh));

@@ -87,6 +87,7 @@ fn file_type(kind: Kind) -> FileType {
     match kind {
         Kind::File => FileType::RegularFile,
         Kind::Dir => FileType::Directory,
+        Kind::Symlink => FileType::Symlink,
     }
 }
 
@@ -141,7 +142,7 @@ fn open_flags(o: &Opened, write: bool) -> FopenFlags {
     flags
 }
 
-/// Answers a request that names an entry (lookup, mkdir, mknod) with its attributes.
+/// Answers a request that names an entry (lookup, mkdir, mknod, symlink) with its attributes.
 fn reply_entry(reply: ReplyEntry, e: &crate::fs::Entry) {
     reply.entry_with_ttls(
         &e.attr_ttl,
@@ -190,6 +191,9 @@ impl Filesystem for FuseAdapter {
             InitFlags::FUSE_DO_READDIRPLUS,
             InitFlags::FUSE_PARALLEL_DIROPS,
             InitFlags::FUSE_MAX_PAGES,
+            // A link's inode never changes its target (a new target is a new generation, so
+            // a new inode): the kernel may keep it, and a path through a link costs no call.
+            InitFlags::FUSE_CACHE_SYMLINKS,
         ] {
             if let Err(missing) = config.add_capabilities(cap) {
                 tracing::debug!(?missing, "kernel lacks a FUSE capability");
@@ -339,15 +343,32 @@ impl Filesystem for FuseAdapter {
         );
     }
 
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        answer_later!(self, "readlink", reply, |fs| fs.readlink(ino.0), |t| {
+            reply.data(t.as_bytes())
+        });
+    }
+
     fn symlink(
         &self,
         _req: &Request,
-        _parent: INodeNo,
-        _link_name: &OsStr,
-        _target: &Path,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
         reply: ReplyEntry,
     ) {
-        reply.error(Errno::EROFS);
+        // Object names and metadata are UTF-8: a name or target that is not cannot be stored.
+        let (Some(name), Some(target)) = (utf8(link_name), target.to_str().map(str::to_string))
+        else {
+            return reply.error(Errno::EINVAL);
+        };
+        answer_later!(
+            self,
+            "symlink",
+            reply,
+            |fs| fs.symlink(parent.0, &name, &target),
+            |e| reply_entry(reply, &e)
+        );
     }
 
     fn rename(
@@ -380,7 +401,10 @@ impl Filesystem for FuseAdapter {
         _newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        reply.error(Errno::EROFS);
+        let t0 = Instant::now();
+        let refused = self.fs.link_refusal();
+        crate::metrics::fuse_op("link", t0.elapsed(), 0, Some(refused.0));
+        reply.error(errno(refused));
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {

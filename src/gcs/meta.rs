@@ -1,8 +1,51 @@
 //! The client's own view of objects and listings (`ObjectMeta`, `ListRequest`, `ListPage`),
-//! converted from the generated proto types so fs/ never sees them.
+//! converted from the generated proto types so fs/ never sees them, and the custom metadata
+//! conventions other GCS tools mark symbolic links with (`Symlink`).
 
 use crate::proto::storage as pb;
+use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// The custom metadata key gcsfuse has always marked a symbolic link with, the value being
+/// the link's target (before gcsfuse 3.9 the object itself is empty).
+const SYMLINK_TARGET_KEY: &str = "gcsfuse_symlink_target";
+/// The key gcloud storage, Storage Transfer Service and gcsfuse 3.9 on mark a symbolic link
+/// with, the value being `true`: the object's bytes are the target.
+const SYMLINK_MARKER_KEY: &str = "goog-reserved-file-is-symlink";
+
+/// How an object says it is a symbolic link.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Symlink {
+    /// The target, as `gcsfuse_symlink_target` gives it (no read needed).
+    Target(String),
+    /// Marked by `goog-reserved-file-is-symlink` alone: the object's bytes are the target.
+    InContent,
+}
+
+impl Symlink {
+    /// What `metadata` says: a link when either convention marks it, its target from the
+    /// metadata when it is there. (gcsfuse 3.9 reads the bytes when both keys are present;
+    /// it writes both with the same target, so the metadata saves that read.)
+    pub fn of(metadata: &HashMap<String, String>) -> Option<Symlink> {
+        if let Some(target) = metadata.get(SYMLINK_TARGET_KEY) {
+            return Some(Symlink::Target(target.clone()));
+        }
+        metadata
+            .get(SYMLINK_MARKER_KEY)
+            .filter(|v| v.eq_ignore_ascii_case("true"))
+            .map(|_| Symlink::InContent)
+    }
+
+    /// The custom metadata of a new link to `target`, for an object whose bytes are the
+    /// target too: what gcsfuse 3.9 writes, so gcsfuse old and new, gcloud storage and
+    /// Storage Transfer Service all read it as the same link.
+    pub fn metadata(target: &str) -> HashMap<String, String> {
+        HashMap::from([
+            (SYMLINK_TARGET_KEY.to_string(), target.to_string()),
+            (SYMLINK_MARKER_KEY.to_string(), "true".to_string()),
+        ])
+    }
+}
 
 /// What fs/ needs to know of an object.
 #[derive(Debug, Clone, PartialEq)]
@@ -23,11 +66,14 @@ pub struct ObjectMeta {
     pub create_time: SystemTime,
     /// Last update time.
     pub update_time: SystemTime,
+    /// Set when the object stands for a symbolic link (see `Symlink`).
+    pub symlink: Option<Symlink>,
 }
 
 /// The `Object` fields `ObjectMeta` is made of: what listings ask for (`read_mask`), so the
-/// service neither builds nor sends the rest.
-pub(crate) const OBJECT_META_FIELDS: [&str; 8] = [
+/// service neither builds nor sends the rest. The custom metadata is asked for because it
+/// tells a symbolic link from a file, so that a listing shows links without a call each.
+pub(crate) const OBJECT_META_FIELDS: [&str; 9] = [
     "name",
     "generation",
     "metageneration",
@@ -36,6 +82,7 @@ pub(crate) const OBJECT_META_FIELDS: [&str; 8] = [
     "checksums",
     "create_time",
     "update_time",
+    "metadata",
 ];
 
 impl From<&pb::Object> for ObjectMeta {
@@ -61,6 +108,7 @@ impl ObjectMeta {
             crc32c: o.checksums.as_ref().and_then(|c| c.crc32c),
             create_time: to_system_time(o.create_time.as_ref()),
             update_time: to_system_time(o.update_time.as_ref()),
+            symlink: Symlink::of(&o.metadata),
         }
     }
 }
@@ -172,6 +220,35 @@ mod tests {
         let m = ObjectMeta::from(&unfinalized);
         assert!(!m.finalized);
         assert_eq!(m.size, 0);
+    }
+
+    #[test]
+    fn either_convention_marks_a_symlink_and_the_metadata_target_wins() {
+        let md = |pairs: &[(&str, &str)]| -> HashMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        assert_eq!(Symlink::of(&md(&[])), None);
+        assert_eq!(Symlink::of(&md(&[("other", "x")])), None);
+        assert_eq!(
+            Symlink::of(&md(&[(SYMLINK_TARGET_KEY, "../a")])),
+            Some(Symlink::Target("../a".into())),
+            "gcsfuse before 3.9: an empty object, the target in the metadata"
+        );
+        assert_eq!(
+            Symlink::of(&md(&[(SYMLINK_MARKER_KEY, "TRUE")])),
+            Some(Symlink::InContent),
+            "gcloud storage and Storage Transfer Service: the target in the bytes"
+        );
+        assert_eq!(Symlink::of(&md(&[(SYMLINK_MARKER_KEY, "false")])), None);
+        let ours = Symlink::metadata("b/c");
+        assert_eq!(Symlink::of(&ours), Some(Symlink::Target("b/c".into())));
+        assert_eq!(
+            ours.get(SYMLINK_MARKER_KEY).map(String::as_str),
+            Some("true")
+        );
     }
 
     #[test]

@@ -21,7 +21,7 @@ mod unary;
 mod upload;
 mod writer;
 
-pub use meta::{ListPage, ListRequest, ObjectMeta};
+pub use meta::{ListPage, ListRequest, ObjectMeta, Symlink};
 pub use reader::{BidiReader, PendingRead};
 pub use unary::{BucketInfo, StorageLayout};
 pub use writer::AppendWriter;
@@ -175,17 +175,20 @@ pub(crate) fn object_url(bucket: &str, object: &str) -> String {
     format!("gs://{bucket}/{object}")
 }
 
-/// The `WriteObjectSpec` of a new object, the part every upload shares; callers add what
-/// kind of upload it is (appendable, or the size of a one-shot upload).
+/// The `WriteObjectSpec` of a new object with custom `metadata`, the part every upload
+/// shares; callers add what kind of upload it is (appendable, or the size of a one-shot
+/// upload).
 pub(crate) fn write_spec(
     bucket: &str,
     object: &str,
     if_generation_match: Option<i64>,
+    metadata: std::collections::HashMap<String, String>,
 ) -> crate::proto::storage::WriteObjectSpec {
     crate::proto::storage::WriteObjectSpec {
         resource: Some(crate::proto::storage::Object {
             name: object.to_string(),
             bucket: bucket_path(bucket),
+            metadata,
             ..Default::default()
         }),
         if_generation_match,

@@ -1,8 +1,8 @@
-//! Whole-object uploads of a local file (a staged file) as a new generation: one
-//! `BidiWriteObject` stream with a plain (non-appendable) `WriteObjectSpec`, data in
-//! CRC32C-checked chunks of 2 MiB (a multiple of 256 KiB, as non-appendable uploads require),
-//! the whole-object CRC32C on the `finish_write` message, and the final resource checked
-//! against what was sent.
+//! Whole-object uploads of a local file (a staged file) or of bytes in memory (a symbolic
+//! link) as a new generation: one `BidiWriteObject` stream with a plain (non-appendable)
+//! `WriteObjectSpec` (custom metadata in its resource), data in CRC32C-checked chunks of
+//! 2 MiB (a multiple of 256 KiB, as non-appendable uploads require), the whole-object CRC32C
+//! on the `finish_write` message, and the final resource checked against what was sent.
 //!
 //! Why not an appendable object: an appendable object is live from its first message, so
 //! replacing a file that way would show a truncated object until the upload ends, and leave
@@ -21,6 +21,7 @@ use crate::proto::storage::{
     BidiWriteObjectRequest, ChecksummedData, ObjectChecksums, WriteObjectSpec,
 };
 use bytes::Bytes;
+use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
@@ -31,6 +32,40 @@ use tonic::Status;
 
 /// Request messages queued towards the stream (each up to 2 MiB) before reading waits.
 const SEND_QUEUE: usize = 4;
+
+/// What an upload sends.
+#[derive(Clone)]
+enum Source {
+    /// The first bytes (this many) of a local file.
+    File(Arc<File>, u64),
+    /// Bytes in memory.
+    Bytes(Bytes),
+}
+
+impl Source {
+    fn len(&self) -> u64 {
+        match self {
+            Source::File(_, len) => *len,
+            Source::Bytes(b) => b.len() as u64,
+        }
+    }
+
+    /// The `n` bytes at `offset`.
+    async fn piece(&self, offset: u64, n: usize) -> Result<Bytes> {
+        let f = match self {
+            Source::Bytes(b) => return Ok(b.slice(offset as usize..offset as usize + n)),
+            Source::File(f, _) => f.clone(),
+        };
+        tokio::task::spawn_blocking(move || -> std::io::Result<Bytes> {
+            let mut buf = vec![0u8; n];
+            f.read_exact_at(&mut buf, offset)?;
+            Ok(Bytes::from(buf))
+        })
+        .await
+        .map_err(|e| Error::Other(format!("staged file read failed: {e}")))?
+        .map_err(|e| Error::Other(format!("staged file read failed: {e}")))
+    }
+}
 
 impl Client {
     /// Uploads the first `len` bytes of `file` as a new finalized generation of `object`.
@@ -45,11 +80,39 @@ impl Client {
         len: u64,
         if_generation_match: Option<i64>,
     ) -> Result<ObjectMeta> {
+        let source = Source::File(file, len);
+        self.upload(bucket, object, source, HashMap::new(), if_generation_match)
+            .await
+    }
+
+    /// Stores `data` with custom `metadata` as a new finalized generation of `object`, durable
+    /// when this returns; `if_generation_match` as for `upload_file`.
+    pub async fn put_object(
+        &self,
+        bucket: &str,
+        object: &str,
+        data: Bytes,
+        metadata: HashMap<String, String>,
+        if_generation_match: Option<i64>,
+    ) -> Result<ObjectMeta> {
+        let source = Source::Bytes(data);
+        self.upload(bucket, object, source, metadata, if_generation_match)
+            .await
+    }
+
+    async fn upload(
+        &self,
+        bucket: &str,
+        object: &str,
+        source: Source,
+        metadata: HashMap<String, String>,
+        if_generation_match: Option<i64>,
+    ) -> Result<ObjectMeta> {
         let what = object_url(bucket, object);
         let mut backoff = Backoff::new(self.config());
         loop {
             let s = match self
-                .try_upload(bucket, object, &file, len, if_generation_match)
+                .try_upload(bucket, object, &source, &metadata, if_generation_match)
                 .await
             {
                 Ok(meta) => return Ok(meta),
@@ -65,15 +128,16 @@ impl Client {
         &self,
         bucket: &str,
         object: &str,
-        file: &Arc<File>,
-        len: u64,
+        source: &Source,
+        metadata: &HashMap<String, String>,
         if_generation_match: Option<i64>,
     ) -> std::result::Result<ObjectMeta, Fail> {
         let what = object_url(bucket, object);
+        let len = source.len();
         let (tx, rx) = mpsc::channel(SEND_QUEUE);
         let spec = WriteObjectSpec {
             object_size: i64::try_from(len).ok(),
-            ..super::write_spec(bucket, object, if_generation_match)
+            ..super::write_spec(bucket, object, if_generation_match, metadata.clone())
         };
         // The service reads the first message before it answers the call: queue it first.
         let _ = tx.try_send(BidiWriteObjectRequest {
@@ -83,7 +147,7 @@ impl Client {
         });
         let req =
             routing::request(ReceiverStream::new(rx), bucket, None, None).map_err(Fail::Fatal)?;
-        let producer = tokio::spawn(send_file(file.clone(), len, tx));
+        let producer = tokio::spawn(send(source.clone(), tx));
         let cfg = self.config();
         let wait = Duration::from_millis(cfg.call_timeout_ms + cfg.stall_timeout_ms);
         let mut stub = self.stub();
@@ -132,27 +196,16 @@ impl Client {
     }
 }
 
-/// Sends `len` bytes of `file` as data messages, the last one with `finish_write` and the
+/// Sends the bytes of `source` as data messages, the last one with `finish_write` and the
 /// whole-object CRC32C; returns that CRC32C. Stops quietly when the stream goes away (the
 /// call reports why).
-async fn send_file(
-    file: Arc<File>,
-    len: u64,
-    tx: mpsc::Sender<BidiWriteObjectRequest>,
-) -> Result<u32> {
+async fn send(source: Source, tx: mpsc::Sender<BidiWriteObjectRequest>) -> Result<u32> {
+    let len = source.len();
     let mut crc = 0u32;
     let mut offset = 0u64;
     loop {
         let n = (len - offset).min(MAX_CHUNK as u64) as usize;
-        let f = file.clone();
-        let piece = tokio::task::spawn_blocking(move || -> std::io::Result<Bytes> {
-            let mut buf = vec![0u8; n];
-            f.read_exact_at(&mut buf, offset)?;
-            Ok(Bytes::from(buf))
-        })
-        .await
-        .map_err(|e| Error::Other(format!("staged file read failed: {e}")))?
-        .map_err(|e| Error::Other(format!("staged file read failed: {e}")))?;
+        let piece = source.piece(offset, n).await?;
         // Each byte's CRC is computed once: the piece's, folded into the object's.
         let piece_crc = super::crc32c(&piece);
         crc = crc32c::crc32c_combine(crc, piece_crc, piece.len());

@@ -94,7 +94,7 @@ impl AppendWriter {
         let mut w = AppendWriter::new(client, bucket, object, 0);
         let spec = WriteObjectSpec {
             appendable: Some(true),
-            ..super::write_spec(bucket, object, if_generation_match)
+            ..super::write_spec(bucket, object, if_generation_match, Default::default())
         };
         w.first_open(Some(spec)).await?;
         w.crc = Some(0);
