@@ -6,10 +6,10 @@ mod fs_support;
 use fs_support::FsEnv;
 use rapidfs::fs::{Errno, Kind, ROOT_INO};
 
-/// Closing a file that wrote drops its own directory's cached listing (it holds an old
-/// size) and no other: a lookup in another directory is still answered without a call.
+/// Closing a file that wrote gives its directory's cached listing the new size, and leaves
+/// every other listing alone: lookups in both directories after it cost no call.
 #[test]
-fn closing_a_written_file_drops_only_its_directory_listing() {
+fn closing_a_written_file_updates_only_its_directory_listing() {
     let env = FsEnv::new("b", |_| {});
     env.put("d1/a", b"x");
     env.put("d2/b", b"x");
@@ -28,10 +28,45 @@ fn closing_a_written_file_drops_only_its_directory_listing() {
         fs.release_write(opened.fh).await;
         let (lists, _) = env.calls();
         fs.lookup(d2, "b").await.expect("b");
-        assert_eq!(env.calls().0, lists, "d2's listing was dropped");
         let new = fs.lookup(d1, "new").await.expect("new");
-        assert_eq!(new.attr.size, 5);
-        assert_eq!(env.calls().0, lists + 1, "d1's listing was kept");
+        assert_eq!(new.attr.size, 5, "the listing holds the size written");
+        assert_eq!(env.calls().0, lists, "both listings answered");
+    });
+}
+
+/// Creating files one after another, each name looked up first as the kernel does before a
+/// create, lists the directory once: each create adds its file to the cached listing rather
+/// than dropping it (which cost a listing of the whole directory per file). A removed file
+/// leaves it too, and every name answers right.
+#[test]
+fn creating_many_files_lists_their_directory_once() {
+    let env = FsEnv::new("b", |_| {});
+    env.put("d/seed", b"x");
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let d = fs.lookup(ROOT_INO, "d").await.expect("d").attr.ino;
+        let (lists, _) = env.calls();
+        for i in 0..50 {
+            let name = format!("f{i:03}");
+            assert_eq!(fs.lookup(d, &name).await.err(), Some(Errno::ENOENT));
+            let (_, opened) = fs.create(d, &name, libc::O_WRONLY).await.expect("create");
+            fs.write(opened.fh, 0, bytes::Bytes::from(vec![7u8; i + 1]))
+                .await
+                .expect("write");
+            fs.flush(opened.fh).await.expect("flush");
+            fs.release_write(opened.fh).await;
+        }
+        fs.unlink(d, "f007").await.expect("unlink");
+        assert!(env.calls().0 <= lists + 1, "listed once, not once per file");
+        for i in 0..50 {
+            let name = format!("f{i:03}");
+            let found = fs.lookup(d, &name).await;
+            if i == 7 {
+                assert_eq!(found.err(), Some(Errno::ENOENT), "{name} was removed");
+            } else {
+                assert_eq!(found.expect(&name).attr.size, i as u64 + 1, "{name}");
+            }
+        }
     });
 }
 

@@ -38,6 +38,11 @@ pub fn parent_dir(key: &str) -> &str {
     key.rfind('/').map_or("", |i| &key[..=i])
 }
 
+/// The last segment of a file's key: its name inside its directory.
+pub fn base_name(key: &str) -> &str {
+    key.rfind('/').map_or(key, |i| &key[i + 1..])
+}
+
 /// The directory key (prefix, ending in `/`) of subdirectory `name` inside directory key `dir`.
 pub fn dir_key(dir: &str, name: &str) -> String {
     format!("{dir}{name}/")

@@ -12,6 +12,7 @@
 //!
 //! Touches the client and the superblock; no kernel types.
 
+use super::dir::ListedEntry;
 use super::error::{log_err, Errno, FsResult};
 use super::inode::{Inode, Kind};
 use super::{names, Entry, Fs};
@@ -102,7 +103,15 @@ impl Fs {
                 }
                 e => log_err("mkdir", &dkey, &e),
             })?;
-        i.sb.created(parent, name);
+        i.sb.created(
+            parent,
+            ListedEntry {
+                name: name.to_string(),
+                kind: Kind::Dir,
+                meta: None,
+                target: None,
+            },
+        );
         let inode = i.sb.found(&dkey, Kind::Dir, None);
         Ok(self.entry(&inode))
     }

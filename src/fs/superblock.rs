@@ -456,10 +456,41 @@ impl Superblock {
         self.listings.as_ref()?.get(dkey)
     }
 
-    /// Event: name `name` of directory `parent` now exists (a file created, a directory
-    /// made). It is no longer missing, and the directory's listing lacks it.
-    pub(super) fn created(&self, parent: u64, name: &str) {
-        self.name_changed(parent, name);
+    /// Event: `entry` of directory `parent` now exists (a file created, a directory made, a
+    /// link made). It is no longer missing, and the directory's cached listing gets it:
+    /// dropping the listing instead would have the next lookup of a new name (every create
+    /// asks one first) list the whole directory again, a cost growing with every file.
+    pub(super) fn created(&self, parent: u64, entry: ListedEntry) {
+        if let Some(c) = &self.negative {
+            c.invalidate(&(parent, entry.name.clone()));
+        }
+        self.edit_listing(parent, |entries| {
+            match entries.binary_search_by(|e| e.name.as_str().cmp(&entry.name)) {
+                Ok(i) => entries[i] = entry,
+                Err(i) => entries.insert(i, entry),
+            }
+        });
+    }
+
+    /// Changes the cached listing of directory `parent`, if one is kept, in one step with
+    /// respect to other edits of it (a copy: readers keep the listing they hold). Its age
+    /// stays that of the call that listed it: what it vouches for stays as old.
+    fn edit_listing(&self, parent: u64, edit: impl FnOnce(&mut Vec<ListedEntry>)) {
+        let (Some(c), Ok(dir)) = (&self.listings, self.inode(parent)) else {
+            return;
+        };
+        c.entry(dir.key()).and_compute_with(|cached| match cached {
+            Some(l) => {
+                let old = l.into_value();
+                let mut entries = old.entries.clone();
+                edit(&mut entries);
+                moka::ops::compute::Op::Put(Arc::new(Listing {
+                    entries,
+                    listed_at: old.listed_at,
+                }))
+            }
+            None => moka::ops::compute::Op::Nop,
+        });
     }
 
     /// Event: `key` (a file, or a directory with everything below it), name `name` of
@@ -471,7 +502,14 @@ impl Superblock {
             }
         }
         self.inodes.unlink(key, kind);
-        self.name_changed(parent, name);
+        if let Some(c) = &self.negative {
+            c.invalidate(&(parent, name.to_string()));
+        }
+        self.edit_listing(parent, |entries| {
+            if let Ok(i) = entries.binary_search_by(|e| e.name.as_str().cmp(name)) {
+                entries.remove(i);
+            }
+        });
     }
 
     /// Event: `from` (name `name` of `parent`) is now `to` (name `newname` of `newparent`);
@@ -495,11 +533,34 @@ impl Superblock {
     }
 
     /// Event: file `inode` was written (its size changed): its directory's cached listing,
-    /// taken while it grew, holds an old size. No other listing changed.
+    /// taken while it grew, holds an old size, and gets the inode's. No other listing
+    /// changed.
     pub(super) fn written(&self, inode: &Inode) {
-        if let Some(c) = &self.listings {
-            c.invalidate(names::parent_dir(&inode.key()));
-        }
+        let Some(c) = &self.listings else {
+            return;
+        };
+        let key = inode.key();
+        let (dkey, name) = (names::parent_dir(&key), names::base_name(&key));
+        let Some(meta) = inode.meta().0 else {
+            c.invalidate(dkey);
+            return;
+        };
+        c.entry_by_ref(dkey).and_compute_with(|cached| {
+            let Some(l) = cached else {
+                return moka::ops::compute::Op::Nop;
+            };
+            let old = l.into_value();
+            let mut entries = old.entries.clone();
+            match entries.binary_search_by(|e| e.name.as_str().cmp(name)) {
+                Ok(i) if entries[i].kind == inode.kind => entries[i].meta = Some(meta),
+                // Not in the listing as this file: let the next lookup ask.
+                _ => return moka::ops::compute::Op::Remove,
+            }
+            moka::ops::compute::Op::Put(Arc::new(Listing {
+                entries,
+                listed_at: old.listed_at,
+            }))
+        });
     }
 
     /// The name `name` in `parent` changed: forget what the caches say of it and of the

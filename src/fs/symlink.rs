@@ -10,6 +10,7 @@
 //!
 //! Touches the client and the superblock; no kernel types.
 
+use super::dir::ListedEntry;
 use super::error::{log_err, Errno, FsResult};
 use super::inode::{Kind, ObjMeta};
 use super::{names, Entry, Fs};
@@ -53,9 +54,19 @@ impl Fs {
                 gcs::Error::PreconditionFailed(_) => Errno(libc::EEXIST),
                 e => log_err("symlink", &key, &e),
             })?;
-        i.sb.created(parent, name);
-        let inode = i.sb.found(&key, Kind::Symlink, Some(ObjMeta::from(&meta)));
-        inode.set_target(Arc::from(target));
+        let meta = ObjMeta::from(&meta);
+        let target: Arc<str> = Arc::from(target);
+        i.sb.created(
+            parent,
+            ListedEntry {
+                name: name.to_string(),
+                kind: Kind::Symlink,
+                meta: Some(meta),
+                target: Some(target.clone()),
+            },
+        );
+        let inode = i.sb.found(&key, Kind::Symlink, Some(meta));
+        inode.set_target(target);
         Ok(self.entry(&inode))
     }
 

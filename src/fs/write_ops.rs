@@ -2,6 +2,7 @@
 //! changes and the end of a writing handle. The writer state machine lives in `write.rs`;
 //! this file only ties it to inodes, handles and the metadata caches.
 
+use super::dir::ListedEntry;
 use super::error::{log_err, Errno, FsResult};
 use super::inode::{Kind, ObjMeta};
 use super::{names, read, write, Attr, Entry, Fs, Opened};
@@ -56,7 +57,6 @@ impl Fs {
                 crate::gcs::Error::PreconditionFailed(_) if exclusive => Errno(libc::EEXIST),
                 e => log_err("create", &key, &e),
             })?;
-        i.sb.created(parent, name);
         let now = SystemTime::now();
         let meta = ObjMeta {
             generation: w.generation(),
@@ -64,6 +64,15 @@ impl Fs {
             mtime: now,
             crtime: now,
         };
+        i.sb.created(
+            parent,
+            ListedEntry {
+                name: name.to_string(),
+                kind: Kind::File,
+                meta: Some(meta),
+                target: None,
+            },
+        );
         let inode = i.sb.found(&key, Kind::File, Some(meta));
         inode.note_open(meta.identity(), i.prefetch.open_clock(0));
         let fh = i
