@@ -836,3 +836,68 @@ fn a_client_leaving_mid_prefetch_harms_nothing() {
         );
     }
 }
+
+/// `-o profile=aiml-training` (as fstab passes it) turns on the metadata warm-up: the daemon
+/// lists every directory into its cache on its own after mounting, while the mount already
+/// answers, and a walk after it costs the service no listing call.
+#[test]
+fn the_training_profile_warms_the_metadata_up_at_mount() {
+    let env = Env::new(BUCKET);
+    for d in 0..3 {
+        for f in 0..20 {
+            env.put(BUCKET, &format!("train/c{d}/s{f:03}.jpg"), b"jpeg");
+        }
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mnt = dir.path().canonicalize().expect("canonical");
+    let mut daemon = std::process::Command::new(env!("CARGO_BIN_EXE_rapidfs"))
+        .args(["mount", BUCKET])
+        .arg(&mnt)
+        .args(["--foreground", "--endpoint", &env.emu().endpoint()])
+        .args(["-o", "profile=aiml-training"])
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("rapidfs mount starts");
+    let sock = rapidfs::control::socket_path(&mnt);
+    let start = std::time::Instant::now();
+    while !sock.exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no control socket"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut ctl = Ctl::connect(&sock);
+    // The root, train, train/c0..c2.
+    let listed = loop {
+        let st = ctl.call(json!({"op": "stats"}));
+        let listings = st["metadata"]["listings"].as_u64().expect("listings");
+        if listings >= 5 || start.elapsed() > Duration::from_secs(20) {
+            break listings;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(listed, 5, "every directory listed by the warm-up");
+    let lists = env.emu().stats().list_calls;
+    let mut files = 0;
+    for d in 0..3 {
+        for e in std::fs::read_dir(mnt.join(format!("train/c{d}"))).expect("ls") {
+            let e = e.expect("entry");
+            assert_eq!(e.metadata().expect("stat").len(), 4);
+            files += 1;
+        }
+    }
+    assert_eq!(files, 60);
+    assert_eq!(
+        env.emu().stats().list_calls,
+        lists,
+        "the walk listed nothing"
+    );
+    drop(ctl);
+    let _ = std::process::Command::new("fusermount3")
+        .arg("-u")
+        .arg(&mnt)
+        .status();
+    let _ = daemon.wait();
+}
