@@ -60,7 +60,6 @@ import math
 import mmap
 import multiprocessing
 import os
-import platform
 import random
 import re
 import shutil
@@ -71,6 +70,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from benchlib import binary_version, cell, columns, cpu_seconds, fmt, git_head, is_mounted, log, machine, summary
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -92,10 +92,6 @@ QUICK = dict(big_bytes=64 * MiB, model_bytes=256 * MiB, model_hidden=1024, files
              random_reads=500, runs=1)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def log(msg):
-    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -219,16 +215,6 @@ def drop_caches():
         f.write("3\n")
 
 
-def cpu_seconds(pid):
-    """User + system CPU time of a process (all its threads), or None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def running(pid):
     """Whether the process exists and has not exited: an exited daemon stays a zombie until
     init, its parent, reaps it, which can take seconds here."""
@@ -288,17 +274,6 @@ def bdi_read_ahead_kb(path):
             return int(f.read())
     except OSError:
         return None
-
-
-def is_mounted(path):
-    real = os.path.realpath(path)
-    with open("/proc/self/mounts") as f:
-        return any(line.split()[1] == real for line in f)
-
-
-def binary_version(binary):
-    r = subprocess.run([binary, "--version"], capture_output=True, text=True)
-    return r.stdout.strip() or None
 
 
 class Bench:
@@ -647,11 +622,6 @@ def figures(workload, rec):
     return f
 
 
-def summary(values):
-    return {"median": statistics.median(values), "min": min(values), "max": max(values),
-            "runs": values}
-
-
 def summarize(per_run):
     """{workload: {system: {figure: summary}, "ratios": {"A/B": summary of per-run rate
     ratios}}} over the runs."""
@@ -703,27 +673,6 @@ def targets(s):
     return out
 
 
-def fmt(x):
-    if x is None:
-        return "-"
-    return f"{x:.0f}" if x >= 100 else f"{x:.3g}"
-
-
-def cell(e):
-    if e is None:
-        return "-"
-    if len(e["runs"]) == 1:
-        return fmt(e["median"])
-    return f"{fmt(e['median'])} [{fmt(e['min'])}-{fmt(e['max'])}]"
-
-
-def columns(head, rows):
-    rows = [r + [""] * (len(head) - len(r)) for r in rows]
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
-            for r in [head, ["-" * w for w in widths], *rows]]
-
-
 def table_rows(s):
     """One row per workload and system (the workload named on its first row only), and the
     random reads' p99 as rows of their own."""
@@ -764,26 +713,6 @@ def table(s, tg, cfg, model_desc, loads):
 
 
 # ---------------------------------------------------------------------------------------------
-
-
-def machine():
-    info = {"cores": os.cpu_count(), "kernel": platform.release(),
-            "python": platform.python_version()}
-    try:
-        with open("/proc/cpuinfo") as f:
-            m = re.search(r"model name\s*:\s*(.*)", f.read())
-            info["cpu"] = m.group(1) if m else None
-        with open("/proc/meminfo") as f:
-            info["mem_total_kb"] = int(f.readline().split()[1])
-    except OSError:
-        pass
-    return info
-
-
-def git_head():
-    r = subprocess.run(["git", "-C", REPO, "log", "-1", "--format=%H %s"],
-                       capture_output=True, text=True)
-    return r.stdout.strip() or None
 
 
 def main():
@@ -880,7 +809,7 @@ def main():
             "seed": args.seed,
             "data_seed": DATA_SEED,
             "units": {w: {"rate": u, "cost": c} for w, (_, u, c) in WORKLOADS.items()},
-            "repo_commit": git_head(),
+            "repo_commit": git_head(REPO),
             "binaries": {s: {"path": p, "version": binary_version(p)} for s, p in binaries.items()},
             "emulator": "rapidfs emulator --memory --root DATA --listen 127.0.0.1:0 (same "
                         "machine, --binary's build, shared by every rapidfs system)",

@@ -71,6 +71,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from benchlib import find_pid, is_mounted
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -260,26 +261,6 @@ def drop_caches():
     subprocess.run(["sync"], check=True)
     with open("/proc/sys/vm/drop_caches", "w") as f:
         f.write("3\n")
-
-
-def is_mounted(path):
-    real = os.path.realpath(path)
-    with open("/proc/self/mounts") as f:
-        return any(line.split()[1] == real for line in f)
-
-
-def find_pid(words):
-    for d in os.listdir("/proc"):
-        if not d.isdigit() or int(d) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{d}/cmdline", "rb") as f:
-                argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
-        except OSError:
-            continue
-        if argv and all(any(w == a or a.endswith("/" + w) for a in argv) for w in words):
-            return int(d)
-    return None
 
 
 def cpu_seconds(*pids):

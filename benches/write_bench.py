@@ -63,16 +63,15 @@ figures, medians, targets). Unmounts everything and stops the emulators on any e
 import argparse
 import json
 import os
-import platform
 import re
 import shutil
 import signal
-import statistics
 import struct
 import subprocess
 import sys
 import time
 import warnings
+from benchlib import binary_version, cell, columns, cpu_seconds, find_pid, fmt, git_head, is_mounted, log, machine, summary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KiB = 1 << 10
@@ -92,10 +91,6 @@ CASES = {
 }
 TORCH_CASES = ("torch", "dcp", "safetensors")
 SYNC_EVERY_MIB = 8
-
-
-def log(msg):
-    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def venv_python():
@@ -136,16 +131,6 @@ def ensure_packages():
                        stdout=subprocess.DEVNULL)
 
 
-def cpu_seconds(pid):
-    """User + system CPU time of a process (all its threads), or None once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def running(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -169,33 +154,6 @@ class Meter:
                 raise RuntimeError(f"the {role} (pid {pid}) exited during the pass")
             cpu[role] = end - self.start[role]
         return cpu
-
-
-def find_pid(words):
-    """The pid of the live process whose argv contains every one of `words` (as pgrep -f on
-    the mountpoint would find it, but exact)."""
-    for d in os.listdir("/proc"):
-        if not d.isdigit() or int(d) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{d}/cmdline", "rb") as f:
-                argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
-        except OSError:
-            continue
-        if argv and all(any(w == a or a.endswith("/" + w) for a in argv) for w in words):
-            return int(d)
-    return None
-
-
-def is_mounted(path):
-    real = os.path.realpath(path)
-    with open("/proc/self/mounts") as f:
-        return any(line.split()[1] == real for line in f)
-
-
-def binary_version(binary):
-    r = subprocess.run([binary, "--version"], capture_output=True, text=True)
-    return r.stdout.strip() or None
 
 
 class System:
@@ -513,11 +471,6 @@ def figures(case, rec):
     return f
 
 
-def summary(values):
-    return {"median": statistics.median(values), "min": min(values), "max": max(values),
-            "runs": values}
-
-
 def summarize(per_run, cases):
     out = {}
     for c in cases:
@@ -556,27 +509,6 @@ def targets(s):
     return out
 
 
-def fmt(x):
-    if x is None:
-        return "-"
-    return f"{x:.0f}" if x >= 100 else f"{x:.3g}"
-
-
-def cell(e):
-    if e is None:
-        return "-"
-    if len(e["runs"]) == 1:
-        return fmt(e["median"])
-    return f"{fmt(e['median'])} [{fmt(e['min'])}-{fmt(e['max'])}]"
-
-
-def columns(head, rows):
-    rows = [r + [""] * (len(head) - len(r)) for r in rows]
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
-            for r in [head, ["-" * w for w in widths], *rows]]
-
-
 def table_rows(s, cfg):
     rows = []
     for c in s:
@@ -610,26 +542,6 @@ def table(s, tg, cfg, loads):
         mark = {True: "MET   ", False: "MISSED", None: "n/a   "}[t["met"]]
         lines.append(f"{mark} {t['target']}: {fmt(t['value'])}")
     return "\n".join(lines)
-
-
-def machine():
-    info = {"cores": os.cpu_count(), "kernel": platform.release(),
-            "python": f"{sys.executable} {platform.python_version()}"}
-    try:
-        with open("/proc/cpuinfo") as f:
-            m = re.search(r"model name\s*:\s*(.*)", f.read())
-            info["cpu"] = m.group(1) if m else None
-        with open("/proc/meminfo") as f:
-            info["mem_total_kb"] = int(f.readline().split()[1])
-    except OSError:
-        pass
-    return info
-
-
-def git_head():
-    r = subprocess.run(["git", "-C", ROOT, "log", "-1", "--format=%H %s"],
-                       capture_output=True, text=True)
-    return r.stdout.strip() or None
 
 
 def main():
@@ -752,7 +664,7 @@ def main():
             "write_size": MiB,
             "fsync_every_mib": SYNC_EVERY_MIB,
             "units": {c: {"rate": u, "cost": k} for c, (_, u, k) in CASES.items() if c in cases},
-            "repo_commit": git_head(),
+            "repo_commit": git_head(ROOT),
             "binary": {"path": binary, "version": binary_version(binary)},
             "work": args.work,
             "local": f"{args.work}/local/dir",

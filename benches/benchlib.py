@@ -1,0 +1,105 @@
+"""Helpers the benchmark scripts share: progress lines, process CPU from /proc, mount checks,
+and the median [min-max] summaries and plain-text tables their reports are made of."""
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+
+def log(msg):
+    """A progress line on stderr with the time."""
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def binary_version(binary):
+    """What `BINARY --version` says, or None."""
+    r = subprocess.run([binary, "--version"], capture_output=True, text=True)
+    return r.stdout.strip() or None
+
+
+def cpu_seconds(pid):
+    """User + system CPU time of a process (all its threads), or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def is_mounted(path):
+    """Whether `path` is a mountpoint now."""
+    real = os.path.realpath(path)
+    with open("/proc/self/mounts") as f:
+        return any(line.split()[1] == real for line in f)
+
+
+def summary(values):
+    """Median, min and max of one figure over the runs, with every run's value."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "runs": values}
+
+
+def fmt(x):
+    """A figure for a table: whole numbers from 100 on, three significant digits below."""
+    if x is None:
+        return "-"
+    return f"{x:.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def cell(e):
+    """A table cell: the median, and [min-max] when there were several runs."""
+    if e is None:
+        return "-"
+    if len(e["runs"]) == 1:
+        return fmt(e["median"])
+    return f"{fmt(e['median'])} [{fmt(e['min'])}-{fmt(e['max'])}]"
+
+
+def columns(head, rows):
+    """Rows of cells as left-aligned columns under a header and a rule."""
+    rows = [r + [""] * (len(head) - len(r)) for r in rows]
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
+            for r in [head, ["-" * w for w in widths], *rows]]
+
+
+def find_pid(words):
+    """The pid of the live process whose argv contains every one of `words` (as pgrep -f on
+    the mountpoint would find it, but exact)."""
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+        except OSError:
+            continue
+        if argv and all(any(w == a or a.endswith("/" + w) for a in argv) for w in words):
+            return int(d)
+    return None
+
+
+def machine():
+    """Cores, kernel, Python, CPU model and memory of this machine, for the report."""
+    info = {"cores": os.cpu_count(), "kernel": platform.release(),
+            "python": f"{sys.executable} {platform.python_version()}"}
+    try:
+        with open("/proc/cpuinfo") as f:
+            m = re.search(r"model name\s*:\s*(.*)", f.read())
+            info["cpu"] = m.group(1) if m else None
+        with open("/proc/meminfo") as f:
+            info["mem_total_kb"] = int(f.readline().split()[1])
+    except OSError:
+        pass
+    return info
+
+
+def git_head(repo):
+    """The commit checked out in `repo` and its subject, or None."""
+    r = subprocess.run(["git", "-C", repo, "log", "-1", "--format=%H %s"],
+                       capture_output=True, text=True)
+    return r.stdout.strip() or None
