@@ -3,6 +3,7 @@ and the median [min-max] summaries and plain-text tables their reports are made 
 import os
 import platform
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -103,3 +104,16 @@ def git_head(repo):
     r = subprocess.run(["git", "-C", repo, "log", "-1", "--format=%H %s"],
                        capture_output=True, text=True)
     return r.stdout.strip() or None
+
+
+def ensure_packages():
+    """fuse3 and bindfs, installed the way tests/setup.sh does it (without its Python venv,
+    which the benchmark does not need)."""
+    missing = [pkg for cmd, pkg in (("fusermount3", "fuse3"), ("bindfs", "bindfs"))
+               if shutil.which(cmd) is None]
+    if missing:
+        log(f"installing {' '.join(missing)}")
+        subprocess.run(["apt-get", "update", "-qq"], check=True)
+        subprocess.run(["apt-get", "install", "-y", "-qq", *missing], check=True,
+                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+                       stdout=subprocess.DEVNULL)

@@ -70,7 +70,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from benchlib import binary_version, cell, columns, cpu_seconds, fmt, git_head, is_mounted, log, machine, summary
+from benchlib import (binary_version, cell, columns, cpu_seconds, ensure_packages, find_pid, fmt, git_head, is_mounted, log, machine, summary)
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -196,19 +196,6 @@ def make_data(root, cfg):
 # Environment: packages, processes, mounts, caches, CPU accounting.
 
 
-def ensure_packages():
-    """fuse3 and bindfs, installed the way tests/setup.sh does it (without its Python venv,
-    which the benchmark does not need)."""
-    missing = [pkg for cmd, pkg in (("fusermount3", "fuse3"), ("bindfs", "bindfs"))
-               if shutil.which(cmd) is None]
-    if missing:
-        log(f"installing {' '.join(missing)}")
-        subprocess.run(["apt-get", "update", "-qq"], check=True)
-        subprocess.run(["apt-get", "install", "-y", "-qq", *missing], check=True,
-                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
-                       stdout=subprocess.DEVNULL)
-
-
 def drop_caches():
     subprocess.run(["sync"], check=True)
     with open("/proc/sys/vm/drop_caches", "w") as f:
@@ -250,21 +237,6 @@ class Meter:
                 raise RuntimeError(f"the {role} (pid {pid}) exited during the pass")
             cpu[role] = end - self.cpu[role]
         return {"cpu": cpu, "idle": idle / total if total else None}
-
-
-def find_pid(words):
-    """The pid of the live process whose argv contains every one of `words`."""
-    for d in os.listdir("/proc"):
-        if not d.isdigit() or int(d) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{d}/cmdline", "rb") as f:
-                argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
-        except OSError:
-            continue
-        if argv and all(any(w == a or a.endswith("/" + w) for a in argv) for w in words):
-            return int(d)
-    return None
 
 
 def bdi_read_ahead_kb(path):

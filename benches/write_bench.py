@@ -71,7 +71,7 @@ import subprocess
 import sys
 import time
 import warnings
-from benchlib import binary_version, cell, columns, cpu_seconds, find_pid, fmt, git_head, is_mounted, log, machine, summary
+from benchlib import (binary_version, cell, columns, cpu_seconds, ensure_packages, find_pid, fmt, git_head, is_mounted, log, machine, summary)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KiB = 1 << 10
@@ -118,17 +118,6 @@ def reexec_with_torch():
 
 # ---------------------------------------------------------------------------------------------
 # Environment: packages, processes, mounts, CPU accounting.
-
-
-def ensure_packages():
-    missing = [pkg for cmd, pkg in (("fusermount3", "fuse3"), ("bindfs", "bindfs"))
-               if shutil.which(cmd) is None]
-    if missing:
-        log(f"installing {' '.join(missing)}")
-        subprocess.run(["apt-get", "update", "-qq"], check=True)
-        subprocess.run(["apt-get", "install", "-y", "-qq", *missing], check=True,
-                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
-                       stdout=subprocess.DEVNULL)
 
 
 def running(pid):

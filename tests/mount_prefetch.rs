@@ -122,6 +122,32 @@ impl Ctl {
     }
 }
 
+/// `rapidfs mount BUCKET MNT --foreground --endpoint ... EXTRA...` as its own process, and
+/// its control socket once it is there (the mount is live then).
+fn spawn_daemon(env: &Env, mnt: &Path, extra: &[&str]) -> (std::process::Child, PathBuf) {
+    let daemon = std::process::Command::new(env!("CARGO_BIN_EXE_rapidfs"))
+        .args(["mount", BUCKET])
+        .arg(mnt)
+        .args(["--foreground", "--endpoint", &env.emu().endpoint()])
+        .args(extra)
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("rapidfs mount starts");
+    let sock = rapidfs::control::socket_path(mnt);
+    let start = std::time::Instant::now();
+    while !sock.exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "no control socket at {}",
+            sock.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    (daemon, sock)
+}
+
 #[test]
 fn control_socket_answers_info_and_stats_and_rejects_bad_requests() {
     let env = Env::new(BUCKET);
@@ -667,26 +693,8 @@ fn hinted_epoch_over_four_times_the_budget_stays_in_budget_and_fetches_once() {
     let files = sizes.len() as u64;
     let dir = tempfile::tempdir().expect("tempdir");
     let mnt = dir.path().canonicalize().expect("canonical");
-    let mut daemon = std::process::Command::new(env!("CARGO_BIN_EXE_rapidfs"))
-        .args(["mount", BUCKET])
-        .arg(&mnt)
-        .args(["--foreground", "--endpoint", &env.emu().endpoint()])
-        .args(["--memory-mb", &budget_mb.to_string()])
-        .env_remove("RUST_LOG")
-        .stdin(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("rapidfs mount starts");
-    let sock = rapidfs::control::socket_path(&mnt);
-    let start = std::time::Instant::now();
-    while !sock.exists() {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "no control socket at {}",
-            sock.display()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let budget = budget_mb.to_string();
+    let (mut daemon, sock) = spawn_daemon(&env, &mnt, &["--memory-mb", &budget]);
     let listed = std::fs::read_dir(mnt.join("big")).expect("ls").count() as u64;
     assert_eq!(listed, files);
     env.emu().reset_stats();
@@ -850,24 +858,8 @@ fn the_training_profile_warms_the_metadata_up_at_mount() {
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let mnt = dir.path().canonicalize().expect("canonical");
-    let mut daemon = std::process::Command::new(env!("CARGO_BIN_EXE_rapidfs"))
-        .args(["mount", BUCKET])
-        .arg(&mnt)
-        .args(["--foreground", "--endpoint", &env.emu().endpoint()])
-        .args(["-o", "profile=aiml-training"])
-        .stdin(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("rapidfs mount starts");
-    let sock = rapidfs::control::socket_path(&mnt);
+    let (mut daemon, sock) = spawn_daemon(&env, &mnt, &["-o", "profile=aiml-training"]);
     let start = std::time::Instant::now();
-    while !sock.exists() {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "no control socket"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
     let mut ctl = Ctl::connect(&sock);
     // The root, train, train/c0..c2.
     let listed = loop {
