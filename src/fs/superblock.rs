@@ -474,13 +474,16 @@ impl Superblock {
 
     /// Changes the cached listing of directory `parent`, if one is kept, in one step with
     /// respect to other edits of it (a copy: readers keep the listing they hold). Its age
-    /// stays that of the call that listed it: what it vouches for stays as old.
+    /// stays that of the call that listed it: what it vouches for stays as old. A listing
+    /// longer than a page is dropped instead: copying it on every change would cost more
+    /// than the one-call name probe that answers lookups in a directory that large.
     fn edit_listing(&self, parent: u64, edit: impl FnOnce(&mut Vec<ListedEntry>)) {
         let (Some(c), Ok(dir)) = (&self.listings, self.inode(parent)) else {
             return;
         };
+        let most = usize::try_from(self.list_options.page_size).unwrap_or(0);
         c.entry(dir.key()).and_compute_with(|cached| match cached {
-            Some(l) => {
+            Some(l) if l.value().entries.len() < most => {
                 let old = l.into_value();
                 let mut entries = old.entries.clone();
                 edit(&mut entries);
@@ -489,6 +492,7 @@ impl Superblock {
                     listed_at: old.listed_at,
                 }))
             }
+            Some(_) => moka::ops::compute::Op::Remove,
             None => moka::ops::compute::Op::Nop,
         });
     }
@@ -545,10 +549,14 @@ impl Superblock {
             c.invalidate(dkey);
             return;
         };
+        let most = usize::try_from(self.list_options.page_size).unwrap_or(0);
         c.entry_by_ref(dkey).and_compute_with(|cached| {
             let Some(l) = cached else {
                 return moka::ops::compute::Op::Nop;
             };
+            if l.value().entries.len() > most {
+                return moka::ops::compute::Op::Remove;
+            }
             let old = l.into_value();
             let mut entries = old.entries.clone();
             match entries.binary_search_by(|e| e.name.as_str().cmp(name)) {
