@@ -133,3 +133,23 @@ fn a_lookup_in_a_large_directory_is_one_call() {
         assert_eq!(env.calls(), (before.0 + 2, before.1 + 1));
     });
 }
+
+/// Removing an empty directory (a marker object, as flat buckets have them) that hid an
+/// object of the same name shows the object: the parent's listing is listed again, not
+/// merely edited to lose the name.
+#[test]
+fn removing_a_directory_shows_the_object_it_hid() {
+    let env = FsEnv::new("b", |_| {});
+    env.put("d/x", b"hidden");
+    env.put("d/x/", b"");
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let d = fs.lookup(ROOT_INO, "d").await.expect("d").attr.ino;
+        let x = fs.lookup(d, "x").await.expect("x");
+        assert_eq!(x.attr.kind, Kind::Dir, "the folder wins");
+        fs.rmdir(d, "x").await.expect("rmdir");
+        let x = fs.lookup(d, "x").await.expect("the object shows");
+        assert_eq!(x.attr.kind, Kind::File);
+        assert_eq!(x.attr.size, 6);
+    });
+}

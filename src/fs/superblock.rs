@@ -500,12 +500,16 @@ impl Superblock {
     /// Event: `key` (a file, or a directory with everything below it), name `name` of
     /// directory `parent`, is gone.
     pub(super) fn removed(&self, parent: u64, name: &str, key: &str, kind: Kind) {
+        self.inodes.unlink(key, kind);
         if kind == Kind::Dir {
             if let Some(c) = &self.listings {
                 c.invalidate(key);
             }
+            // An object of the same name, hidden by the directory until now, may show: the
+            // parent is listed again rather than edited.
+            self.name_changed(parent, name);
+            return;
         }
-        self.inodes.unlink(key, kind);
         if let Some(c) = &self.negative {
             c.invalidate(&(parent, name.to_string()));
         }
