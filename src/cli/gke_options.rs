@@ -6,10 +6,8 @@
 //! internal error.
 
 use crate::config::Config;
-
-/// gcsfuse's TTL of -1, "trust forever": a year is forever to a mount, and stays inside what
-/// the caches accept.
-const FOREVER_MS: u64 = 365 * 24 * 3600 * 1000;
+// gcsfuse's TTL of -1, "trust forever", becomes the profiles' forever.
+use crate::profiles::FOREVER_MS;
 
 /// gcsfuse flags the sidecar sets itself; the driver refuses them from users too.
 const SET_BY_SIDECAR: [&str; 10] = [
