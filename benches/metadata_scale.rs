@@ -3,7 +3,7 @@
 //! `rapidfs` daemon (its own process, so its memory is its own) with `find` and Python's
 //! `os.walk`. Reports, in one run:
 //! - the walk time cold (fresh mount), warm (the same mount again), and on a fresh mount
-//!   after its metadata warm-up (`--prefetch-metadata`) finished;
+//!   after its metadata warm-up (`--prefetch-metadata`) finished (one mount per walk);
 //! - the daemon's resident memory after mounting, at its peak, after the walks, and after the
 //!   kernel dropped its dentry and inode caches (`echo 2 > /proc/sys/vm/drop_caches`, which
 //!   makes it forget every inode), and the growth per object.
@@ -264,22 +264,24 @@ fn main() -> anyhow::Result<()> {
     let (mut warmup_secs, mut rss_warmed, mut peak_warmup) = (f64::NAN, 0, 0);
     let (mut find_after, mut walk_after) = (f64::NAN, f64::NAN);
     if a.warmup {
-        let m = Mount::start(
-            &a,
-            &endpoint,
-            tmp.path(),
-            "warmup",
-            &["--prefetch-metadata"],
-        )?;
-        warmup_secs = m.wait_log("metadata warm-up done", Duration::from_secs(600))?;
+        // Each walk on a mount of its own: a walk after another finds the kernel's caches warm.
+        let warmed = |name: &str| -> anyhow::Result<(Mount, f64)> {
+            let m = Mount::start(&a, &endpoint, tmp.path(), name, &["--prefetch-metadata"])?;
+            let secs = m.wait_log("metadata warm-up done", Duration::from_secs(600))?;
+            Ok((m, secs))
+        };
+        let (m, secs) = warmed("warmup-find")?;
+        warmup_secs = secs;
         rss_warmed = m.rss()?;
         let n;
         (find_after, n) = find(&m)?;
         check("find after warm-up", n)?;
+        peak_warmup = m.peak_rss()?;
+        m.stop()?;
+        let (m, _) = warmed("warmup-walk")?;
         let n;
         (walk_after, n) = os_walk(&m)?;
         check("os.walk after warm-up", n)?;
-        peak_warmup = m.peak_rss()?;
         m.stop()?;
     }
 

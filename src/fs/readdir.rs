@@ -49,13 +49,28 @@ impl Fs {
 
     /// The listing directory handle `fh` reads: taken at offset 0, kept for later offsets.
     async fn dir_listing(&self, fh: u64, offset: u64) -> FsResult<(u64, Arc<Listing>)> {
-        let (ino, kept) = self.inner.handles.dir(fh).ok_or(Errno::EBADF)?;
-        if let (Some(l), true) = (kept, offset > 0) {
-            return Ok((ino, l));
+        if let Some(found) = self.dir_listing_at_hand(fh, offset)? {
+            return Ok(found);
         }
+        let (ino, _) = self.inner.handles.dir(fh).ok_or(Errno::EBADF)?;
         let listing = self.inner.sb.listing(ino).await?;
         self.inner.handles.set_dir_listing(fh, listing.clone());
         Ok((ino, listing))
+    }
+
+    /// `dir_listing` as far as it needs no call: the handle's kept listing past offset 0, or
+    /// at offset 0 the directory's cached one. `None`: it must be listed.
+    fn dir_listing_at_hand(&self, fh: u64, offset: u64) -> FsResult<Option<(u64, Arc<Listing>)>> {
+        let (ino, kept) = self.inner.handles.dir(fh).ok_or(Errno::EBADF)?;
+        if let (Some(l), true) = (kept, offset > 0) {
+            return Ok(Some((ino, l)));
+        }
+        let dir = self.dir_inode(ino)?;
+        let Some(listing) = self.inner.sb.cached_listing(&dir.key()) else {
+            return Ok(None);
+        };
+        self.inner.handles.set_dir_listing(fh, listing.clone());
+        Ok(Some((ino, listing)))
     }
 
     /// Entries of directory handle `fh` after `offset`: `.`, `..`, then the listing.
@@ -63,9 +78,35 @@ impl Fs {
         &self,
         fh: u64,
         offset: u64,
-        mut add: impl FnMut(&DirItem) -> bool,
+        add: impl FnMut(&DirItem) -> bool,
     ) -> FsResult<()> {
         let (ino, listing) = self.dir_listing(fh, offset).await?;
+        self.fill_readdir(ino, &listing, offset, add)
+    }
+
+    /// `readdir` when the listing is at hand (see `dir_listing_at_hand`): what the FUSE thread
+    /// answers at once, without waking a runtime worker for every page of a large directory.
+    /// `None`: ask `readdir`; nothing was added then.
+    pub fn readdir_at_hand(
+        &self,
+        fh: u64,
+        offset: u64,
+        add: impl FnMut(&DirItem) -> bool,
+    ) -> Option<FsResult<()>> {
+        match self.dir_listing_at_hand(fh, offset) {
+            Ok(Some((ino, listing))) => Some(self.fill_readdir(ino, &listing, offset, add)),
+            Ok(None) => None,
+            Err(e) => Some(Err(e)),
+        }
+    }
+
+    fn fill_readdir(
+        &self,
+        ino: u64,
+        listing: &Listing,
+        offset: u64,
+        mut add: impl FnMut(&DirItem) -> bool,
+    ) -> FsResult<()> {
         let dir = self.dir_inode(ino)?;
         for item in dots(ino, offset) {
             if add(&item) {
@@ -98,9 +139,33 @@ impl Fs {
         &self,
         fh: u64,
         offset: u64,
-        mut add: impl FnMut(&DirItem, &Entry) -> bool,
+        add: impl FnMut(&DirItem, &Entry) -> bool,
     ) -> FsResult<()> {
         let (ino, listing) = self.dir_listing(fh, offset).await?;
+        self.fill_readdirplus(ino, &listing, offset, add)
+    }
+
+    /// `readdirplus` when the listing is at hand, as `readdir_at_hand`.
+    pub fn readdirplus_at_hand(
+        &self,
+        fh: u64,
+        offset: u64,
+        add: impl FnMut(&DirItem, &Entry) -> bool,
+    ) -> Option<FsResult<()>> {
+        match self.dir_listing_at_hand(fh, offset) {
+            Ok(Some((ino, listing))) => Some(self.fill_readdirplus(ino, &listing, offset, add)),
+            Ok(None) => None,
+            Err(e) => Some(Err(e)),
+        }
+    }
+
+    fn fill_readdirplus(
+        &self,
+        ino: u64,
+        listing: &Listing,
+        offset: u64,
+        mut add: impl FnMut(&DirItem, &Entry) -> bool,
+    ) -> FsResult<()> {
         let dir = self.dir_inode(ino)?;
         for item in dots(ino, offset) {
             // The kernel takes no lookup on `.` and `..`.

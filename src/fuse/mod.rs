@@ -555,6 +555,18 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        // A listing at hand is answered here: a large directory is read a page at a time,
+        // and waking a runtime worker for every page costs more than the page.
+        let t0 = Instant::now();
+        let at_hand = self.fs.readdir_at_hand(fh.0, offset, |it| {
+            reply.add(INodeNo(it.ino), it.offset, file_type(it.kind), it.name)
+        });
+        if let Some(done) = at_hand {
+            return match metered("readdir", t0, done, nothing) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(e)),
+            };
+        }
         answer_later!(
             self,
             "readdir",
@@ -574,6 +586,23 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
+        let t0 = Instant::now();
+        let at_hand = self.fs.readdirplus_at_hand(fh.0, offset, |it, e| {
+            reply.add(
+                INodeNo(it.ino),
+                it.offset,
+                it.name,
+                &e.entry_ttl,
+                &file_attr(&e.attr),
+                Generation(0),
+            )
+        });
+        if let Some(done) = at_hand {
+            return match metered("readdirplus", t0, done, nothing) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(e)),
+            };
+        }
         answer_later!(
             self,
             "readdirplus",
