@@ -177,11 +177,15 @@ pub struct InodeTable {
     tables: Mutex<Tables>,
 }
 
+/// The table's maps: SipHash, the standard one, was a tenth of a walk's daemon CPU (every
+/// readdirplus entry is hashed twice); foldhash is seeded per process too.
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 #[derive(Debug)]
 struct Tables {
-    by_ino: HashMap<u64, Arc<Inode>>,
+    by_ino: FastMap<u64, Arc<Inode>>,
     /// By key alone: a directory's key ends in `/` (or is the root's); a file's or a link's never does.
-    by_key: HashMap<Arc<str>, u64>,
+    by_key: FastMap<Arc<str>, u64>,
     next_ino: u64,
 }
 
@@ -219,9 +223,9 @@ impl InodeTable {
                 target: None,
             }),
         });
-        let mut by_ino = HashMap::new();
+        let mut by_ino = FastMap::default();
         by_ino.insert(ROOT_INO, root);
-        let mut by_key = HashMap::new();
+        let mut by_key = FastMap::default();
         by_key.insert(root_key, ROOT_INO);
         InodeTable {
             tables: Mutex::new(Tables {
