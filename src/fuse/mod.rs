@@ -8,7 +8,7 @@
 //! logic lives here: only type conversions and the init negotiation; `session.rs` mounts and
 //! unmounts, `fusermount.rs` speaks fusermount3 and receives passed descriptors.
 
-use crate::fs::{Attr, Errno as FsErrno, Fs, FsResult, Kind, Opened, SetAttr};
+use crate::fs::{Attr, DirItem, Entry, Errno as FsErrno, Fs, FsResult, Kind, Opened, SetAttr};
 use fuser::{
     AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
     INodeNo, InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyCreate,
@@ -142,8 +142,20 @@ fn open_flags(o: &Opened, write: bool) -> FopenFlags {
     flags
 }
 
+/// Adds one `readdirplus` entry to `reply`; true when its buffer is full.
+fn add_plus(reply: &mut ReplyDirectoryPlus, it: &DirItem, e: &Entry) -> bool {
+    reply.add(
+        INodeNo(it.ino),
+        it.offset,
+        it.name,
+        &e.entry_ttl,
+        &file_attr(&e.attr),
+        Generation(0),
+    )
+}
+
 /// Answers a request that names an entry (lookup, mkdir, mknod, symlink) with its attributes.
-fn reply_entry(reply: ReplyEntry, e: &crate::fs::Entry) {
+fn reply_entry(reply: ReplyEntry, e: &Entry) {
     reply.entry_with_ttls(
         &e.attr_ttl,
         &e.entry_ttl,
@@ -587,16 +599,9 @@ impl Filesystem for FuseAdapter {
         mut reply: ReplyDirectoryPlus,
     ) {
         let t0 = Instant::now();
-        let at_hand = self.fs.readdirplus_at_hand(fh.0, offset, |it, e| {
-            reply.add(
-                INodeNo(it.ino),
-                it.offset,
-                it.name,
-                &e.entry_ttl,
-                &file_attr(&e.attr),
-                Generation(0),
-            )
-        });
+        let at_hand = self
+            .fs
+            .readdirplus_at_hand(fh.0, offset, |it, e| add_plus(&mut reply, it, e));
         if let Some(done) = at_hand {
             return match metered("readdirplus", t0, done, nothing) {
                 Ok(()) => reply.ok(),
@@ -607,16 +612,7 @@ impl Filesystem for FuseAdapter {
             self,
             "readdirplus",
             reply,
-            |fs| fs.readdirplus(fh.0, offset, |it, e| {
-                reply.add(
-                    INodeNo(it.ino),
-                    it.offset,
-                    it.name,
-                    &e.entry_ttl,
-                    &file_attr(&e.attr),
-                    Generation(0),
-                )
-            }),
+            |fs| fs.readdirplus(fh.0, offset, |it, e| add_plus(&mut reply, it, e)),
             |()| reply.ok()
         );
     }
