@@ -93,8 +93,18 @@ impl Fs {
         offset: u64,
         add: impl FnMut(&DirItem) -> bool,
     ) -> Option<FsResult<()>> {
+        self.with_listing_at_hand(fh, offset, |ino, l| self.fill_readdir(ino, l, offset, add))
+    }
+
+    /// `fill` over the listing at hand, if any (see `dir_listing_at_hand`).
+    fn with_listing_at_hand(
+        &self,
+        fh: u64,
+        offset: u64,
+        fill: impl FnOnce(u64, &Listing) -> FsResult<()>,
+    ) -> Option<FsResult<()>> {
         match self.dir_listing_at_hand(fh, offset) {
-            Ok(Some((ino, listing))) => Some(self.fill_readdir(ino, &listing, offset, add)),
+            Ok(Some((ino, listing))) => Some(fill(ino, &listing)),
             Ok(None) => None,
             Err(e) => Some(Err(e)),
         }
@@ -152,11 +162,9 @@ impl Fs {
         offset: u64,
         add: impl FnMut(&DirItem, &Entry) -> bool,
     ) -> Option<FsResult<()>> {
-        match self.dir_listing_at_hand(fh, offset) {
-            Ok(Some((ino, listing))) => Some(self.fill_readdirplus(ino, &listing, offset, add)),
-            Ok(None) => None,
-            Err(e) => Some(Err(e)),
-        }
+        self.with_listing_at_hand(fh, offset, |ino, l| {
+            self.fill_readdirplus(ino, l, offset, add)
+        })
     }
 
     fn fill_readdirplus(
