@@ -117,3 +117,15 @@ def ensure_packages():
         subprocess.run(["apt-get", "install", "-y", "-qq", *missing], check=True,
                        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
                        stdout=subprocess.DEVNULL)
+
+
+def stop_process(proc, grace=10):
+    """Terminates a child process if it still runs, and kills it after `grace` seconds."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

@@ -70,7 +70,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from benchlib import (binary_version, cell, columns, cpu_seconds, ensure_packages, find_pid, fmt, git_head, is_mounted, log, machine, summary)
+from benchlib import (binary_version, cell, columns, cpu_seconds, ensure_packages, find_pid, fmt, git_head, is_mounted, log, machine, stop_process, summary)
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -345,13 +345,7 @@ class Bench:
             for mnt in list(self.mounts):
                 self.unmount(mnt)
         finally:
-            if self.emulator is not None and self.emulator.poll() is None:
-                self.emulator.terminate()
-                try:
-                    self.emulator.wait(10)
-                except subprocess.TimeoutExpired:
-                    self.emulator.kill()
-                    self.emulator.wait()
+            stop_process(self.emulator)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -71,7 +71,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from benchlib import find_pid, is_mounted
+from benchlib import find_pid, is_mounted, stop_process
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -326,13 +326,7 @@ class Env:
         raise RuntimeError("the emulator did not write its stats")
 
     def stop_emulator(self):
-        if self.emulator is not None and self.emulator.poll() is None:
-            self.emulator.terminate()
-            try:
-                self.emulator.wait(15)
-            except subprocess.TimeoutExpired:
-                self.emulator.kill()
-                self.emulator.wait()
+        stop_process(self.emulator, grace=15)
         self.emulator = None
 
     def mount_passthrough(self, root):

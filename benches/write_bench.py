@@ -71,7 +71,7 @@ import subprocess
 import sys
 import time
 import warnings
-from benchlib import (binary_version, cell, columns, cpu_seconds, ensure_packages, find_pid, fmt, git_head, is_mounted, log, machine, summary)
+from benchlib import (binary_version, cell, columns, cpu_seconds, ensure_packages, find_pid, fmt, git_head, is_mounted, log, machine, stop_process, summary)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KiB = 1 << 10
@@ -219,13 +219,7 @@ class System:
                 if running(pid):
                     os.kill(pid, signal.SIGKILL)
         finally:
-            if self.emulator is not None and self.emulator.poll() is None:
-                self.emulator.terminate()
-                try:
-                    self.emulator.wait(10)
-                except subprocess.TimeoutExpired:
-                    self.emulator.kill()
-                    self.emulator.wait()
+            stop_process(self.emulator)
             if not (self.mnt and is_mounted(self.mnt)):
                 shutil.rmtree(self.base, ignore_errors=True)
 
