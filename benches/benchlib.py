@@ -31,6 +31,20 @@ def cpu_seconds(pid):
         return None
 
 
+def context_switches(pid):
+    """Voluntary + involuntary context switches so far of a process's live threads (a thread
+    that exits takes its count with it), or None once the process is gone."""
+    try:
+        total = 0
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                total += sum(int(line.split()[1]) for line in f
+                             if line.startswith(("voluntary_ctxt", "nonvoluntary_ctxt")))
+        return total
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def is_mounted(path):
     """Whether `path` is a mountpoint now."""
     real = os.path.realpath(path)

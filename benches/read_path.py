@@ -70,7 +70,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from benchlib import (binary_version, cell, columns, cpu_seconds, ensure_packages, find_pid, fmt, git_head, is_mounted, log, machine, stop_process, summary)
+from benchlib import (binary_version, cell, columns, context_switches, cpu_seconds, ensure_packages, find_pid, fmt, git_head, is_mounted, log, machine, stop_process, summary)
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -226,6 +226,7 @@ class Meter:
     def __init__(self, pids):
         self.pids = pids
         self.cpu = {role: cpu_seconds(pid) for role, pid in pids.items()}
+        self.switches = {role: context_switches(pid) for role, pid in pids.items()}
         self.jiffies = cpu_jiffies()
 
     def stop(self):
@@ -236,7 +237,9 @@ class Meter:
             if end is None:
                 raise RuntimeError(f"the {role} (pid {pid}) exited during the pass")
             cpu[role] = end - self.cpu[role]
-        return {"cpu": cpu, "idle": idle / total if total else None}
+        switches = {role: context_switches(pid) - self.switches[role]
+                    for role, pid in self.pids.items()}
+        return {"cpu": cpu, "switches": switches, "idle": idle / total if total else None}
 
 
 def bdi_read_ahead_kb(path):
@@ -518,41 +521,48 @@ def cold_pass(b, run, local_files, measure):
     return out
 
 
-def one_run(b, cfg, run, rng, model):
-    """Every workload once; returns {workload: {system: raw record}}."""
+def one_run(b, cfg, run, rng, model, only):
+    """Every workload in `only` once; returns {workload: {system: raw record}}."""
     big, local = cfg["big_bytes"], b.local
     bigs = [big_name(i) for i in range(BIGS)]
     big0 = os.path.join(local, bigs[0])
     res = {}
 
-    log(f"run {run}: a. sequential read of {big >> 20} MiB")
-    res["seq"] = cold_pass(b, run, [big0], lambda d: seq_read(os.path.join(d, bigs[0]), big))
+    if "seq" in only:
+        log(f"run {run}: a. sequential read of {big >> 20} MiB")
+        res["seq"] = cold_pass(b, run, [big0], lambda d: seq_read(os.path.join(d, bigs[0]), big))
 
-    log(f"run {run}: b. {BIGS} readers of {BIGS} x {big >> 20} MiB")
-    res["par4"] = cold_pass(
-        b, run, [os.path.join(local, n) for n in bigs],
-        lambda d: parallel_read([[(os.path.join(d, n), big)] for n in bigs]))
+    if "par4" in only:
+        log(f"run {run}: b. {BIGS} readers of {BIGS} x {big >> 20} MiB")
+        res["par4"] = cold_pass(
+            b, run, [os.path.join(local, n) for n in bigs],
+            lambda d: parallel_read([[(os.path.join(d, n), big)] for n in bigs]))
 
-    log(f"run {run}: c. {cfg['files']} small files by {READERS} readers")
+    # The shuffles draw from `rng` whether or not their workload runs, so that a workload
+    # reads the same order and offsets alone as in a full run.
     files = [(os.path.join("small", small_name(i)), size)
              for i, size in enumerate(small_sizes(cfg["files"]))]
     rng.shuffle(files)
-    res["small"] = cold_pass(
-        b, run, [os.path.join(local, n) for n, _ in files],
-        lambda d: parallel_read([[(os.path.join(d, n), s) for n, s in files[i::READERS]]
-                                 for i in range(READERS)]))
+    if "small" in only:
+        log(f"run {run}: c. {cfg['files']} small files by {READERS} readers")
+        res["small"] = cold_pass(
+            b, run, [os.path.join(local, n) for n, _ in files],
+            lambda d: parallel_read([[(os.path.join(d, n), s) for n, s in files[i::READERS]]
+                                     for i in range(READERS)]))
 
-    log(f"run {run}: d. safetensors load of {cfg['model_bytes'] >> 20} MiB")
-    load, expect = model
-    res["safetensors"] = cold_pass(b, run, [os.path.join(local, MODEL)],
-                                   lambda d: load_model(os.path.join(d, MODEL), load, expect))
+    if "safetensors" in only:
+        log(f"run {run}: d. safetensors load of {cfg['model_bytes'] >> 20} MiB")
+        load, expect = model
+        res["safetensors"] = cold_pass(b, run, [os.path.join(local, MODEL)],
+                                       lambda d: load_model(os.path.join(d, MODEL), load, expect))
 
-    log(f"run {run}: e. {cfg['random_reads']} random 4 KiB preads")
     offsets = [rng.randrange(big // PAGE) * PAGE for _ in range(cfg["random_reads"])]
-    with open(big0, "rb") as f:
-        want = [os.pread(f.fileno(), PAGE, off) for off in offsets]
-    res["rand"] = cold_pass(b, run, [big0],
-                            lambda d: random_reads(os.path.join(d, bigs[0]), offsets, want))
+    if "rand" in only:
+        log(f"run {run}: e. {cfg['random_reads']} random 4 KiB preads")
+        with open(big0, "rb") as f:
+            want = [os.pread(f.fileno(), PAGE, off) for off in offsets]
+        res["rand"] = cold_pass(b, run, [big0],
+                                lambda d: random_reads(os.path.join(d, bigs[0]), offsets, want))
     return res
 
 
@@ -572,7 +582,7 @@ ROLES = ("daemon", "emulator")
 
 
 def figures(workload, rec):
-    """One pass's raw record -> {"rate", ["p99",] role costs, "idle_pct"}."""
+    """One pass's raw record -> {"rate", ["p99",] role costs, role switches, "idle_pct"}."""
     if workload == "rand":
         f = {"rate": rec["p50_us"], "p99": rec["p99_us"]}
         per = rec["reads"] / 1e6  # CPU seconds / millions of reads = us per read
@@ -583,6 +593,9 @@ def figures(workload, rec):
         f = {"rate": rec["bytes"] / rec["seconds"] / 1e9}
         per = rec["bytes"] / GiB
     f.update({role: s / per for role, s in rec["cpu"].items()})
+    # Context switches per read, per file or per MiB: how often the work changes threads.
+    count = {"rand": rec.get("reads"), "small": rec.get("files")}.get(workload) or rec["bytes"] / MiB
+    f.update({f"{role} switches": n / count for role, n in rec.get("switches", {}).items()})
     if rec["idle"] is not None:
         f["idle_pct"] = 100 * rec["idle"]
     return f
@@ -592,7 +605,7 @@ def summarize(per_run):
     """{workload: {system: {figure: summary}, "ratios": {"A/B": summary of per-run rate
     ratios}}} over the runs."""
     out = {}
-    for w in WORKLOADS:
+    for w in (w for w in WORKLOADS if w in per_run[0]):
         runs = [r[w] for r in per_run]
         # A pass shorter than a jiffy has no idle share: summarize the runs that have it.
         entry = {s: {k: summary([r[s][k] for r in runs if k in r[s]])
@@ -631,7 +644,7 @@ def target_value(s, system, workload, fig):
 def targets(s):
     """Each target with rapidfs's median, and rapidfs-before's when it was measured."""
     out = []
-    for what, w, fig, op, bound in TARGETS:
+    for what, w, fig, op, bound in (t for t in TARGETS if t[1] in s):
         v = target_value(s, "rapidfs", w, fig)
         out.append({"target": what, "rapidfs": v,
                     "rapidfs-before": target_value(s, "rapidfs-before", w, fig),
@@ -643,7 +656,7 @@ def table_rows(s):
     """One row per workload and system (the workload named on its first row only), and the
     random reads' p99 as rows of their own."""
     rows = []
-    for w, (label, unit, cost_unit) in WORKLOADS.items():
+    for w, (label, unit, cost_unit) in ((w, d) for w, d in WORKLOADS.items() if w in s):
         present = [system for system in SYSTEMS if system in s[w]]
         for i, system in enumerate(present):
             e = s[w][system]
@@ -654,6 +667,7 @@ def table_rows(s):
                          cell(ratios.get("rapidfs/rapidfs-before")) if system == "rapidfs" else "",
                          *(fmt(med.get(role)) for role in ROLES),
                          cost_unit if "daemon" in med else "",
+                         fmt(med.get("daemon switches")),
                          f"{med['idle_pct']:.0f}" if "idle_pct" in med else "-"])
         if w == "rand":
             rows += [["e 4K random pread p99" if i == 0 else "", system,
@@ -669,7 +683,8 @@ def table(s, tg, cfg, model_desc, loads):
              f"{os.cpu_count()} cores shared by the emulator, the daemons and the readers; "
              f"load average {min(loads):.1f}-{max(loads):.1f}",
              *columns(["workload", "system", "rate", "unit", "x bindfs", "x before",
-                       "daemon", "emulator", "CPU per", "idle %"], table_rows(s)), ""]
+                       "daemon", "emulator", "CPU per", "daemon switches", "idle %"],
+                      table_rows(s)), ""]
     for t in tg:
         before = (f" (rapidfs-before {fmt(t['rapidfs-before'])})"
                   if t["rapidfs-before"] is not None else "")
@@ -695,7 +710,12 @@ def main():
     ap.add_argument("--nice", type=int, default=-10,
                     help="niceness of the benchmark and everything it starts (default -10: "
                          "other work on the machine disturbs the figures less; 0 to keep)")
+    ap.add_argument("--only", default=",".join(WORKLOADS),
+                    help=f"workloads to run, comma-separated (default all: {','.join(WORKLOADS)})")
     args = ap.parse_args()
+    only = args.only.split(",")
+    if not only or any(w not in WORKLOADS for w in only):
+        sys.exit(f"read_path.py: --only takes some of {','.join(WORKLOADS)}, not {args.only!r}")
 
     if os.geteuid() != 0:
         sys.exit("read_path.py: needs root (drop_caches, FUSE mounts)")
@@ -743,14 +763,14 @@ def main():
         b.start_emulator()
         for run in range(cfg["runs"]):
             loads.append(os.getloadavg()[0])
-            raw_runs.append(one_run(b, cfg, run + 1, rng, model))
+            raw_runs.append(one_run(b, cfg, run + 1, rng, model, only))
             loads.append(os.getloadavg()[0])
     finally:
         b.close()
         shutil.rmtree(work, ignore_errors=True)
     seconds = time.time() - started
 
-    per_run = [{w: {s: figures(w, rec) for s, rec in raw[w].items()} for w in WORKLOADS}
+    per_run = [{w: {s: figures(w, rec) for s, rec in raw[w].items()} for w in only}
                for raw in raw_runs]
     s = summarize(per_run)
     tg = targets(s)
