@@ -457,11 +457,7 @@ fn serve(
 /// The serving daemon's runtime, its allocator tuned first (before any thread exists).
 pub(super) fn daemon_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tune_allocator();
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("rapidfs")
-        .build()
-        .context("starting the runtime")
+    crate::machine::serving_runtime("rapidfs").context("starting the runtime")
 }
 
 /// SIGINT and SIGTERM, the signals that stop a daemon, as streams on `rt`.
