@@ -153,3 +153,42 @@ fn removing_a_directory_shows_the_object_it_hid() {
         assert_eq!(x.attr.size, 6);
     });
 }
+
+/// A large directory read file by file (a DataLoader over a flat folder) is listed whole in
+/// the background after some name probes: from then on its lookups, of names present or
+/// missing, are answered from the listing without a call, and rightly.
+#[test]
+fn a_large_directory_probed_many_times_is_listed_once_and_answers_from_memory() {
+    const FILES: usize = 300;
+    let env = FsEnv::new("b", |cfg| cfg.fs.list_page_size = 10);
+    for i in 0..FILES {
+        env.put(&format!("d/f{i:04}"), &vec![b'x'; i]);
+    }
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let d = fs.lookup(ROOT_INO, "d").await.expect("d").attr.ino;
+        let lookup = |i: usize| async move {
+            let e = fs.lookup(d, &format!("f{i:04}")).await.expect("file");
+            assert_eq!(e.attr.size, i as u64, "f{i:04}");
+        };
+        for i in 0..150 {
+            lookup(i).await;
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        // The root's listing, then d's.
+        while fs.metadata_usage().listings < 2 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the large directory was not listed: {:?}",
+                fs.metadata_usage()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        let before = env.calls();
+        for i in 150..FILES {
+            lookup(i).await;
+        }
+        assert_eq!(fs.lookup(d, "f9999").await.map(|_| ()), Err(Errno::ENOENT));
+        assert_eq!(env.calls(), before, "answered from the listing");
+    });
+}
