@@ -208,7 +208,7 @@ async fn send(source: Source, tx: mpsc::Sender<BidiWriteObjectRequest>) -> Resul
         let piece = source.piece(offset, n).await?;
         // Each byte's CRC is computed once: the piece's, folded into the object's.
         let piece_crc = super::crc32c(&piece);
-        crc = crc32c::crc32c_combine(crc, piece_crc, piece.len());
+        crc = super::crc32c_concat(crc, offset, piece_crc, piece.len());
         let last = offset + n as u64 == len;
         let msg = BidiWriteObjectRequest {
             write_offset: offset as i64,

@@ -174,9 +174,10 @@ impl AppendWriter {
             // Each byte's CRC is computed once: the piece's, kept for its data message and
             // folded into the object's.
             let piece_crc = super::crc32c(&piece);
+            let before = self.written;
             self.crc = self
                 .crc
-                .map(|c| crc32c::crc32c_combine(c, piece_crc, piece.len()));
+                .map(|c| super::crc32c_concat(c, before, piece_crc, piece.len()));
             self.pending.push(piece, piece_crc);
             self.written += len;
             self.pump().await?;
