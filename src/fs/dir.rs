@@ -40,8 +40,9 @@ impl ListOptions {
 /// One visible entry of a directory.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ListedEntry {
-    /// The name inside the directory.
-    pub name: String,
+    /// The name inside the directory, shared by every copy of the listing (a create or a
+    /// close edits a copy of its directory's listing).
+    pub name: Arc<str>,
     /// File, directory or symbolic link.
     pub kind: Kind,
     /// The object's metadata, for files and links.
@@ -62,7 +63,8 @@ pub struct Listing {
 impl Listing {
     /// The bytes the listing holds on the heap, names included, as the cache weighs it.
     pub fn heap_bytes(&self) -> usize {
-        let names: usize = self.entries.iter().map(|e| e.name.capacity()).sum();
+        // An `Arc<str>`'s two counters live with its bytes.
+        let names: usize = self.entries.iter().map(|e| 16 + e.name.len()).sum();
         std::mem::size_of::<Listing>()
             + self.entries.capacity() * std::mem::size_of::<ListedEntry>()
             + names
@@ -71,7 +73,7 @@ impl Listing {
     /// The entry called `name`, if the directory holds one.
     pub fn find(&self, name: &str) -> Option<&ListedEntry> {
         self.entries
-            .binary_search_by(|e| e.name.as_str().cmp(name))
+            .binary_search_by(|e| (*e.name).cmp(name))
             .ok()
             .map(|i| &self.entries[i])
     }
@@ -181,7 +183,7 @@ pub fn page_entries(prefix: &str, page: ListPage) -> Vec<ListedEntry> {
         name.pop();
         if is_visible(&name) {
             entries.push(ListedEntry {
-                name,
+                name: name.into(),
                 kind: Kind::Dir,
                 meta: None,
                 target: None,
@@ -196,7 +198,7 @@ pub fn page_entries(prefix: &str, page: ListPage) -> Vec<ListedEntry> {
             continue;
         };
         entries.push(ListedEntry {
-            name,
+            name: name.into(),
             kind,
             meta: Some(meta),
             target,
@@ -284,7 +286,7 @@ mod tests {
         ];
         let w = ShadowWarnings::default();
         let l = merge("d/", pages, &w);
-        let names: Vec<_> = l.entries.iter().map(|e| e.name.as_str()).collect();
+        let names: Vec<_> = l.entries.iter().map(|e| &*e.name).collect();
         assert_eq!(names, ["a", "implicit", "sub", "z"]);
         assert_eq!(l.find("sub").map(|e| e.kind), Some(Kind::Dir));
         assert_eq!(l.find("a").and_then(|e| e.meta).map(|m| m.size), Some(1));
@@ -332,7 +334,7 @@ mod tests {
             page(vec![obj("d/a", 1), obj("d/m", 5)], vec!["d/k/", "d/s/"]),
         ];
         let l = merge("d/", pages, &ShadowWarnings::default());
-        let names: Vec<_> = l.entries.iter().map(|e| e.name.as_str()).collect();
+        let names: Vec<_> = l.entries.iter().map(|e| &*e.name).collect();
         assert_eq!(names, ["a", "k", "m", "s", "z"]);
         assert_eq!(l.find("s").map(|e| e.kind), Some(Kind::Dir));
     }

@@ -106,7 +106,7 @@ impl Fs {
         i.sb.created(
             parent,
             ListedEntry {
-                name: name.to_string(),
+                name: name.into(),
                 kind: Kind::Dir,
                 meta: None,
                 target: None,

@@ -354,10 +354,7 @@ impl Fs {
         let Some(listing) = i.sb.cached_listing(dir) else {
             return;
         };
-        let Ok(at) = listing
-            .entries
-            .binary_search_by(|e| e.name.as_str().cmp(name))
-        else {
+        let Ok(at) = listing.entries.binary_search_by(|e| (*e.name).cmp(name)) else {
             return;
         };
         let mut dirs = lock(&i.prefetch.dirs);

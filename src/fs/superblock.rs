@@ -495,10 +495,10 @@ impl Superblock {
     /// asks one first) list the whole directory again, a cost growing with every file.
     pub(super) fn created(&self, parent: u64, entry: ListedEntry) {
         if let Some(c) = &self.negative {
-            c.invalidate(&(parent, entry.name.clone()));
+            c.invalidate(&(parent, entry.name.to_string()));
         }
         self.edit_listing(parent, |entries| {
-            match entries.binary_search_by(|e| e.name.as_str().cmp(&entry.name)) {
+            match entries.binary_search_by(|e| e.name.cmp(&entry.name)) {
                 Ok(i) => entries[i] = entry,
                 Err(i) => entries.insert(i, entry),
             }
@@ -547,7 +547,7 @@ impl Superblock {
             c.invalidate(&(parent, name.to_string()));
         }
         self.edit_listing(parent, |entries| {
-            if let Ok(i) = entries.binary_search_by(|e| e.name.as_str().cmp(name)) {
+            if let Ok(i) = entries.binary_search_by(|e| (*e.name).cmp(name)) {
                 entries.remove(i);
             }
         });
@@ -596,7 +596,7 @@ impl Superblock {
             }
             let old = l.into_value();
             let mut entries = old.entries.clone();
-            match entries.binary_search_by(|e| e.name.as_str().cmp(name)) {
+            match entries.binary_search_by(|e| (*e.name).cmp(name)) {
                 Ok(i) if entries[i].kind == inode.kind => entries[i].meta = Some(meta),
                 // Not in the listing as this file: let the next lookup ask.
                 _ => return moka::ops::compute::Op::Remove,

@@ -59,7 +59,7 @@ impl Fs {
         i.sb.created(
             parent,
             ListedEntry {
-                name: name.to_string(),
+                name: name.into(),
                 kind: Kind::Symlink,
                 meta: Some(meta),
                 target: Some(target.clone()),

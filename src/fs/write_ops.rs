@@ -67,7 +67,7 @@ impl Fs {
         i.sb.created(
             parent,
             ListedEntry {
-                name: name.to_string(),
+                name: name.into(),
                 kind: Kind::File,
                 meta: Some(meta),
                 target: None,
