@@ -32,17 +32,29 @@ def cpu_seconds(pid):
 
 
 def context_switches(pid):
-    """Voluntary + involuntary context switches so far of a process's live threads (a thread
-    that exits takes its count with it), or None once the process is gone."""
+    """{thread id: voluntary + involuntary context switches so far} of a process's live
+    threads (a thread that vanishes while they are read is left out), or None once the
+    process is gone."""
     try:
-        total = 0
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{tid}/status") as f:
-                total += sum(int(line.split()[1]) for line in f
-                             if line.startswith(("voluntary_ctxt", "nonvoluntary_ctxt")))
-        return total
-    except (OSError, IndexError, ValueError):
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
         return None
+    counts = {}
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                counts[tid] = sum(int(line.split()[1]) for line in f
+                                  if line.startswith(("voluntary_ctxt", "nonvoluntary_ctxt")))
+        except (OSError, IndexError, ValueError):
+            pass
+    return counts
+
+
+def switches_between(start, end):
+    """Context switches between two `context_switches` readings: each thread alive at the
+    end counts from its start reading, or from zero if it started since (a thread that
+    exited in between takes its switches with it)."""
+    return sum(n - start.get(tid, 0) for tid, n in end.items())
 
 
 def is_mounted(path):

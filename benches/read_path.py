@@ -70,7 +70,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from benchlib import (binary_version, cell, columns, context_switches, cpu_seconds, ensure_packages, find_pid, fmt, git_head, is_mounted, log, machine, stop_process, summary)
+from benchlib import (binary_version, cell, columns, context_switches, cpu_seconds, ensure_packages, find_pid, fmt, git_head, is_mounted, log, machine, stop_process, summary, switches_between)
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -237,7 +237,8 @@ class Meter:
             if end is None:
                 raise RuntimeError(f"the {role} (pid {pid}) exited during the pass")
             cpu[role] = end - self.cpu[role]
-        switches = {role: context_switches(pid) - self.switches[role]
+        switches = {role: switches_between(self.switches[role] or {},
+                                           context_switches(pid) or {})
                     for role, pid in self.pids.items()}
         return {"cpu": cpu, "switches": switches, "idle": idle / total if total else None}
 

@@ -503,6 +503,8 @@ def main():
 
     if args.binary:
         binary = os.path.abspath(args.binary)
+        if not os.access(binary, os.X_OK):
+            sys.exit(f"workload: no rapidfs binary at {binary}")
     else:
         log("building rapidfs (release)")
         subprocess.run(["cargo", "build", "--release", "--bin", "rapidfs"], cwd=REPO,
@@ -607,7 +609,7 @@ def main():
         env.close()
         shutil.rmtree(work, ignore_errors=True)
 
-    report(results, extra, sample, sample_bytes, runs, budget_mb)
+    report(results, extra, sample, sample_bytes, runs, budget_mb, binary)
 
 
 def daemon_stats(mnt):
@@ -642,7 +644,7 @@ def daemon_budget(rows, cores):
             "passthrough": bindfs["service_cpu_ms_per_sample"] if bindfs else None}
 
 
-def report(results, extra, sample, sample_bytes, runs, budget_mb):
+def report(results, extra, sample, sample_bytes, runs, budget_mb, binary):
     rows = {k: median_row(v) for k, v in results.items()}
     cores = os.cpu_count()
     kernel = platform.release()
@@ -722,6 +724,7 @@ def report(results, extra, sample, sample_bytes, runs, budget_mb):
         "cores": cores,
         "kernel": kernel,
         "loadavg": os.getloadavg(),
+        "binary": binary,
         "config": {"files": FILES, "classes": CLASSES, "batch": BATCH, "sample": sample,
                    "sample_bytes": sample_bytes, "runs": runs, "budget_4x_mb": budget_mb},
         "rows": [{"row": k[0], "latency_us": k[1], "workers": k[2], **v, "passes": results[k]}

@@ -192,3 +192,28 @@ fn a_large_directory_probed_many_times_is_listed_once_and_answers_from_memory() 
         assert_eq!(env.calls(), before, "answered from the listing");
     });
 }
+
+/// A directory of more pages than a probe-started listing may take keeps its probes: no
+/// listing of it is cached however many names are looked up.
+#[test]
+fn a_directory_past_the_listing_pages_stays_probed() {
+    const FILES: usize = 300;
+    // 150 pages of 2, past the 100 a listing started by probes may take.
+    let env = FsEnv::new("b", |cfg| cfg.fs.list_page_size = 2);
+    for i in 0..FILES {
+        env.put(&format!("d/f{i:04}"), b"x");
+    }
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let d = fs.lookup(ROOT_INO, "d").await.expect("d").attr.ino;
+        for i in 0..FILES {
+            fs.lookup(d, &format!("f{i:04}")).await.expect("file");
+        }
+        // Time for a listing of all 150 pages, had one started.
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+        assert_eq!(fs.metadata_usage().listings, 1, "only the root's listing");
+        let before = env.calls();
+        fs.lookup(d, "f0007").await.expect("file");
+        assert_eq!(env.calls().0, before.0 + 1, "still one probe per lookup");
+    });
+}

@@ -63,8 +63,12 @@ pub struct Listing {
 impl Listing {
     /// The bytes the listing holds on the heap, names included, as the cache weighs it.
     pub fn heap_bytes(&self) -> usize {
-        // An `Arc<str>`'s two counters live with its bytes.
-        let names: usize = self.entries.iter().map(|e| 16 + e.name.len()).sum();
+        // An `Arc<str>`'s two counters live with its bytes, rounded up to 8 bytes.
+        let names: usize = self
+            .entries
+            .iter()
+            .map(|e| 16 + e.name.len().next_multiple_of(8))
+            .sum();
         std::mem::size_of::<Listing>()
             + self.entries.capacity() * std::mem::size_of::<ListedEntry>()
             + names
@@ -167,7 +171,7 @@ pub fn merge(prefix: &str, pages: Vec<ListPage>, warnings: &ShadowWarnings) -> L
 }
 
 /// The visible entries of one page of directory `prefix`, sorted (see `entry_order`). Names
-/// are trimmed in place, not copied.
+/// are trimmed in place, then moved into the shared `Arc<str>` each entry keeps.
 pub fn page_entries(prefix: &str, page: ListPage) -> Vec<ListedEntry> {
     let below = |mut name: String| {
         name.starts_with(prefix).then(|| {

@@ -12,7 +12,7 @@ use super::{lock, names};
 use crate::config::FsConfig;
 use crate::gcs::{self, Client, ListRequest};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -57,6 +57,11 @@ fn name_probe(fkey: &str) -> ListRequest {
 /// per page of names instead of one call per name (a DataLoader reading a flat folder of
 /// 5,000 images probes 5,000 names an epoch; the folder lists in 5 pages).
 const PROBES_BEFORE_LISTING: u32 = 128;
+
+/// Pages a listing started by name probes may take: a directory of more names (100,000 at
+/// the default page size) keeps its probes, its listing would cost more memory and calls
+/// than the probes it saves.
+const MOST_PAGES_AFTER_PROBES: usize = 100;
 
 /// The listing cache: by directory key, weighed by the bytes the listing holds so that
 /// `cap_bytes` bounds the memory of all listings together, least recently used first out.
@@ -127,6 +132,10 @@ pub(super) struct Superblock {
     /// How long a name found missing stays missing, in the negative cache or in a listing.
     negative_ttl: Duration,
     warnings: Arc<ShadowWarnings>,
+    /// Counts the changes made through this mount (creates, removals, renames, writes): a
+    /// listing taken in the background is kept only if none happened while it was taken,
+    /// since the edit of a change finds no cached listing to edit then.
+    changes: Arc<AtomicU64>,
 }
 
 impl Superblock {
@@ -148,6 +157,7 @@ impl Superblock {
             negative: ttl_cache(ms(fs.negative_ttl_ms), 100_000),
             negative_ttl: ms(fs.negative_ttl_ms),
             warnings: Arc::default(),
+            changes: Arc::default(),
         }
     }
 
@@ -191,7 +201,7 @@ impl Superblock {
         if let Some(listing) = self.whole_listing(&dir.key()).await {
             return self.lookup_in(&dir, &listing, name);
         }
-        self.count_probe(&dir.key());
+        self.count_probe_and_list(&dir.key());
         // One call finds the object and the folder of that name together; only a page
         // crowded with names between the two (`name.1`, `name.2`, ...) needs two calls.
         let (obj, sub) = match self
@@ -300,25 +310,55 @@ impl Superblock {
     }
 
     /// Counts a name probe in large directory `dkey`; the probe that reaches
-    /// `PROBES_BEFORE_LISTING` starts listing the directory whole into the listing cache,
-    /// weighed against the cap like any listing.
-    fn count_probe(&self, dkey: &str) {
+    /// `PROBES_BEFORE_LISTING` starts listing the directory whole in the background, page by
+    /// page up to `MOST_PAGES_AFTER_PROBES`, into the listing cache (weighed against its cap
+    /// like any listing). A listing that failed, or that a change through this mount may
+    /// have made stale, is tried again after as many probes; a directory past the pages is
+    /// left to its probes.
+    fn count_probe_and_list(&self, dkey: &str) {
         let (Some(large), Some(listings)) = (&self.large_dirs, &self.listings) else {
             return;
         };
         let Some(probes) = large.get(dkey) else {
             return;
         };
-        if probes.fetch_add(1, Ordering::Relaxed) + 1 != PROBES_BEFORE_LISTING {
+        if probes.fetch_add(1, Ordering::Relaxed) != PROBES_BEFORE_LISTING - 1 {
             return;
         }
         let (client, bucket, dkey) = (self.client.clone(), self.bucket.clone(), dkey.to_string());
-        let (warnings, opts, listings) =
-            (self.warnings.clone(), self.list_options, listings.clone());
+        let (warnings, listings, changes) = (
+            self.warnings.clone(),
+            listings.clone(),
+            self.changes.clone(),
+        );
+        let mut req = list_request(&dkey, self.list_options.page_size);
         tokio::spawn(async move {
-            match list_dir(&client, &bucket, &dkey, &warnings, opts).await {
-                Ok(listing) => listings.insert(dkey, Arc::new(listing)),
-                Err(e) => tracing::debug!(dir = dkey, error = %e, "listing failed"),
+            let before = changes.load(Ordering::Acquire);
+            let mut pages = Vec::new();
+            loop {
+                let page = match client.list_page(&bucket, &req).await {
+                    Ok(page) => page,
+                    Err(e) => {
+                        tracing::debug!(dir = dkey, error = %e, "listing failed");
+                        probes.store(0, Ordering::Relaxed);
+                        return;
+                    }
+                };
+                req.page_token = page.next_page_token.clone();
+                pages.push(page);
+                if req.page_token.is_empty() {
+                    break;
+                }
+                if pages.len() >= MOST_PAGES_AFTER_PROBES {
+                    return;
+                }
+            }
+            let listing = Arc::new(merge(&dkey, pages, &warnings));
+            if changes.load(Ordering::Acquire) == before {
+                listings.insert(dkey, listing);
+            } else {
+                // Something changed meanwhile: try again after as many probes.
+                probes.store(0, Ordering::Relaxed);
             }
         });
     }
@@ -494,6 +534,7 @@ impl Superblock {
     /// dropping the listing instead would have the next lookup of a new name (every create
     /// asks one first) list the whole directory again, a cost growing with every file.
     pub(super) fn created(&self, parent: u64, entry: ListedEntry) {
+        self.changes.fetch_add(1, Ordering::Release);
         if let Some(c) = &self.negative {
             c.invalidate(&(parent, entry.name.to_string()));
         }
@@ -533,6 +574,7 @@ impl Superblock {
     /// Event: `key` (a file, or a directory with everything below it), name `name` of
     /// directory `parent`, is gone.
     pub(super) fn removed(&self, parent: u64, name: &str, key: &str, kind: Kind) {
+        self.changes.fetch_add(1, Ordering::Release);
         self.inodes.unlink(key, kind);
         if kind == Kind::Dir {
             if let Some(c) = &self.listings {
@@ -562,6 +604,7 @@ impl Superblock {
         (from, to): (&str, &str),
         kind: Kind,
     ) {
+        self.changes.fetch_add(1, Ordering::Release);
         self.inodes.rename(from, to, kind);
         if kind == Kind::Dir {
             // Every listing below the directory named it by its old key.
@@ -577,6 +620,7 @@ impl Superblock {
     /// taken while it grew, holds an old size, and gets the inode's. No other listing
     /// changed.
     pub(super) fn written(&self, inode: &Inode) {
+        self.changes.fetch_add(1, Ordering::Release);
         let Some(c) = &self.listings else {
             return;
         };
