@@ -13,6 +13,7 @@
 
 mod counters;
 mod dir;
+mod dir_changes;
 mod error;
 mod handles;
 mod inode;

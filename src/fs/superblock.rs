@@ -5,6 +5,7 @@
 //! cached answers the change made wrong. No handles, no bytes.
 
 use super::dir::{list_dir, merge, ListOptions, ListedEntry, Listing, ShadowWarnings};
+use super::dir_changes::DirChanges;
 use super::error::{self, Errno, FsResult};
 use super::inode::{Inode, InodeTable, Kind, ObjMeta};
 use super::list_parallel::list_request;
@@ -12,7 +13,7 @@ use super::{lock, names};
 use crate::config::FsConfig;
 use crate::gcs::{self, Client, ListRequest};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -62,6 +63,30 @@ const PROBES_BEFORE_LISTING: u32 = 128;
 /// the default page size) keeps its probes, its listing would cost more memory and calls
 /// than the probes it saves.
 const MOST_PAGES_AFTER_PROBES: usize = 100;
+
+/// Caches `listing` of directory `dkey` unless the directory changed through the mount
+/// since its count was `since` (read before it was listed): that change's edit found no
+/// cached listing to edit, so this one may lack it (a created file missing, a removed one
+/// back). The check and the insert are one step with respect to edits of the same listing.
+/// Whether it was cached.
+fn keep_listing(
+    cache: &moka::sync::Cache<String, Arc<Listing>>,
+    changes: &DirChanges,
+    since: u64,
+    dkey: &str,
+    listing: &Arc<Listing>,
+) -> bool {
+    let mut kept = false;
+    cache.entry_by_ref(dkey).and_compute_with(|_| {
+        if changes.count(dkey) == since {
+            kept = true;
+            moka::ops::compute::Op::Put(listing.clone())
+        } else {
+            moka::ops::compute::Op::Nop
+        }
+    });
+    kept
+}
 
 /// The listing cache: by directory key, weighed by the bytes the listing holds so that
 /// `cap_bytes` bounds the memory of all listings together, least recently used first out.
@@ -132,10 +157,10 @@ pub(super) struct Superblock {
     /// How long a name found missing stays missing, in the negative cache or in a listing.
     negative_ttl: Duration,
     warnings: Arc<ShadowWarnings>,
-    /// Counts the changes made through this mount (creates, removals, renames, writes): a
-    /// listing taken in the background is kept only if none happened while it was taken,
-    /// since the edit of a change finds no cached listing to edit then.
-    changes: Arc<AtomicU64>,
+    /// The changes made through this mount (creates, removals, renames, writes), counted
+    /// per directory: a listing is cached only if its directory did not change while it was
+    /// taken (see `keep_listing`).
+    changes: Arc<DirChanges>,
 }
 
 impl Superblock {
@@ -283,11 +308,12 @@ impl Superblock {
         };
         let listing = call
             .get_or_init(|| async {
+                let since = self.changes.count(dkey);
                 let req = list_request(dkey, self.list_options.page_size);
                 match self.client.list_page(&self.bucket, &req).await {
                     Ok(page) if page.next_page_token.is_empty() => {
                         let listing = Arc::new(merge(dkey, vec![page], &self.warnings));
-                        listings.insert(dkey.to_string(), listing.clone());
+                        keep_listing(listings, &self.changes, since, dkey, &listing);
                         Some(listing)
                     }
                     Ok(_) => {
@@ -333,7 +359,7 @@ impl Superblock {
         );
         let mut req = list_request(&dkey, self.list_options.page_size);
         tokio::spawn(async move {
-            let before = changes.load(Ordering::Acquire);
+            let since = changes.count(&dkey);
             let mut pages = Vec::new();
             loop {
                 let page = match client.list_page(&bucket, &req).await {
@@ -354,10 +380,8 @@ impl Superblock {
                 }
             }
             let listing = Arc::new(merge(&dkey, pages, &warnings));
-            if changes.load(Ordering::Acquire) == before {
-                listings.insert(dkey, listing);
-            } else {
-                // Something changed meanwhile: try again after as many probes.
+            if !keep_listing(&listings, &changes, since, &dkey, &listing) {
+                // The directory changed meanwhile: try again after as many probes.
                 probes.store(0, Ordering::Relaxed);
             }
         });
@@ -475,18 +499,20 @@ impl Superblock {
         if let Some(l) = self.listings.as_ref().and_then(|c| c.get(&dir.key())) {
             return Ok(l);
         }
+        let dkey = dir.key();
+        let since = self.changes.count(&dkey);
         let listing = list_dir(
             &self.client,
             &self.bucket,
-            &dir.key(),
+            &dkey,
             &self.warnings,
             self.list_options,
         )
         .await
         .map(Arc::new)
-        .map_err(|e| error::log_err("list", &dir.key(), &e))?;
+        .map_err(|e| error::log_err("list", &dkey, &e))?;
         if let Some(c) = &self.listings {
-            c.insert(dir.key(), listing.clone());
+            keep_listing(c, &self.changes, since, &dkey, &listing);
         }
         Ok(listing)
     }
@@ -504,6 +530,7 @@ impl Superblock {
         if cache.weighted_size() >= self.metadata_cap / 10 * 9 {
             return Ok(None);
         }
+        let since = self.changes.count(dkey);
         let listing = list_dir(
             &self.client,
             &self.bucket,
@@ -520,7 +547,7 @@ impl Superblock {
             .map(|e| names::dir_key(dkey, &e.name))
             .collect();
         let n = listing.entries.len() as u64;
-        cache.insert(dkey.to_string(), Arc::new(listing));
+        keep_listing(cache, &self.changes, since, dkey, &Arc::new(listing));
         Ok(Some((subdirs, n)))
     }
 
@@ -534,7 +561,7 @@ impl Superblock {
     /// dropping the listing instead would have the next lookup of a new name (every create
     /// asks one first) list the whole directory again, a cost growing with every file.
     pub(super) fn created(&self, parent: u64, entry: ListedEntry) {
-        self.changes.fetch_add(1, Ordering::Release);
+        self.dir_changed(parent);
         if let Some(c) = &self.negative {
             c.invalidate(&(parent, entry.name.to_string()));
         }
@@ -574,9 +601,10 @@ impl Superblock {
     /// Event: `key` (a file, or a directory with everything below it), name `name` of
     /// directory `parent`, is gone.
     pub(super) fn removed(&self, parent: u64, name: &str, key: &str, kind: Kind) {
-        self.changes.fetch_add(1, Ordering::Release);
+        self.dir_changed(parent);
         self.inodes.unlink(key, kind);
         if kind == Kind::Dir {
+            self.changes.changed(key);
             if let Some(c) = &self.listings {
                 c.invalidate(key);
             }
@@ -604,9 +632,11 @@ impl Superblock {
         (from, to): (&str, &str),
         kind: Kind,
     ) {
-        self.changes.fetch_add(1, Ordering::Release);
+        self.dir_changed(parent);
+        self.dir_changed(newparent);
         self.inodes.rename(from, to, kind);
         if kind == Kind::Dir {
+            self.changes.all_changed();
             // Every listing below the directory named it by its old key.
             if let Some(c) = &self.listings {
                 c.invalidate_all();
@@ -620,12 +650,12 @@ impl Superblock {
     /// taken while it grew, holds an old size, and gets the inode's. No other listing
     /// changed.
     pub(super) fn written(&self, inode: &Inode) {
-        self.changes.fetch_add(1, Ordering::Release);
+        let key = inode.key();
+        let (dkey, name) = (names::parent_dir(&key), names::base_name(&key));
+        self.changes.changed(dkey);
         let Some(c) = &self.listings else {
             return;
         };
-        let key = inode.key();
-        let (dkey, name) = (names::parent_dir(&key), names::base_name(&key));
         let Some(meta) = inode.meta().0 else {
             c.invalidate(dkey);
             return;
@@ -650,6 +680,13 @@ impl Superblock {
                 listed_at: old.listed_at,
             }))
         });
+    }
+
+    /// Directory `parent` changed through the mount; called before its listing is edited.
+    fn dir_changed(&self, parent: u64) {
+        if let Ok(dir) = self.inode(parent) {
+            self.changes.changed(&dir.key());
+        }
     }
 
     /// The name `name` in `parent` changed: forget what the caches say of it and of the
