@@ -114,7 +114,7 @@ async fn persist_stream(fw: &FileWriter, st: &mut State) -> FsResult<()> {
 fn note_size(inode: &Inode, size: u64) {
     if let Some(mut m) = inode.meta().0 {
         m.size = size;
-        m.mtime = SystemTime::now();
+        m.mtime = SystemTime::now().into();
         inode.refresh(m);
     }
 }

@@ -57,7 +57,7 @@ impl Fs {
                 crate::gcs::Error::PreconditionFailed(_) if exclusive => Errno(libc::EEXIST),
                 e => log_err("create", &key, &e),
             })?;
-        let now = SystemTime::now();
+        let now = SystemTime::now().into();
         let meta = ObjMeta {
             generation: w.generation(),
             size: 0,

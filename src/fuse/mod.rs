@@ -207,6 +207,10 @@ impl Filesystem for FuseAdapter {
         for cap in [
             InitFlags::FUSE_ASYNC_READ,
             InitFlags::FUSE_DO_READDIRPLUS,
+            // Attributes (and so an inode held by the kernel) only where they are used: the
+            // first entries of each directory, then on after a lookup or stat in it. A walk
+            // that needs only names and types (`find`, `os.walk`) leaves the rest unheld.
+            InitFlags::FUSE_READDIRPLUS_AUTO,
             InitFlags::FUSE_PARALLEL_DIROPS,
             InitFlags::FUSE_MAX_PAGES,
             // A link's inode never changes its target (a new target is a new generation, so
