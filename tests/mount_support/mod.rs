@@ -72,10 +72,11 @@ impl Env {
             allow_other: false,
             extra: vec![],
         };
-        let mounted = Mounted::start(fs, self.rt.handle().clone(), dir.path(), &settings)
+        let mounted = Mounted::start(fs.clone(), self.rt.handle().clone(), dir.path(), &settings)
             .unwrap_or_else(|e| panic!("FUSE mount on {} failed: {e}", dir.path().display()));
         Mount {
             path: dir.path().to_path_buf(),
+            fs,
             mounted: Some(mounted),
             _dir: dir,
         }
@@ -93,6 +94,8 @@ impl Drop for Env {
 /// A live mount; unmounted on drop.
 pub struct Mount {
     pub path: PathBuf,
+    /// The mounted filesystem, for what only the daemon knows (its inodes).
+    pub fs: Fs,
     mounted: Option<Mounted>,
     _dir: tempfile::TempDir,
 }
