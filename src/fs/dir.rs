@@ -6,6 +6,7 @@
 
 use super::inode::{Kind, ObjMeta};
 use super::list_parallel::{self, list_request, ParallelOptions};
+use super::listing::Listing;
 use super::names::is_visible;
 use crate::config::FsConfig;
 use crate::gcs::{self, Client, ListPage};
@@ -37,50 +38,17 @@ impl ListOptions {
     }
 }
 
-/// One visible entry of a directory.
+/// One visible entry of a directory, as listing pages give it and edits bring it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ListedEntry {
-    /// The name inside the directory, shared by every copy of the listing (a create or a
-    /// close edits a copy of its directory's listing).
-    pub name: Arc<str>,
+    /// The name inside the directory.
+    pub name: String,
     /// File, directory or symbolic link.
     pub kind: Kind,
     /// The object's metadata, for files and links.
     pub meta: Option<ObjMeta>,
     /// A link's target, when its object's metadata gives it.
     pub target: Option<Arc<str>>,
-}
-
-/// A directory's visible entries, sorted by name.
-#[derive(Debug)]
-pub struct Listing {
-    /// The entries, sorted by name (byte order), names unique.
-    pub entries: Vec<ListedEntry>,
-    /// When the listing was taken: it vouches for a name's absence only briefly.
-    pub listed_at: std::time::Instant,
-}
-
-impl Listing {
-    /// The bytes the listing holds on the heap, names included, as the cache weighs it.
-    pub fn heap_bytes(&self) -> usize {
-        // An `Arc<str>`'s two counters live with its bytes, rounded up to 8 bytes.
-        let names: usize = self
-            .entries
-            .iter()
-            .map(|e| 16 + e.name.len().next_multiple_of(8))
-            .sum();
-        std::mem::size_of::<Listing>()
-            + self.entries.capacity() * std::mem::size_of::<ListedEntry>()
-            + names
-    }
-
-    /// The entry called `name`, if the directory holds one.
-    pub fn find(&self, name: &str) -> Option<&ListedEntry> {
-        self.entries
-            .binary_search_by(|e| (*e.name).cmp(name))
-            .ok()
-            .map(|i| &self.entries[i])
-    }
 }
 
 /// Remembers which shadowed objects were already warned about, so each gets one warning.
@@ -171,7 +139,7 @@ pub fn merge(prefix: &str, pages: Vec<ListPage>, warnings: &ShadowWarnings) -> L
 }
 
 /// The visible entries of one page of directory `prefix`, sorted (see `entry_order`). Names
-/// are trimmed in place, then moved into the shared `Arc<str>` each entry keeps.
+/// are trimmed in place.
 pub fn page_entries(prefix: &str, page: ListPage) -> Vec<ListedEntry> {
     let below = |mut name: String| {
         name.starts_with(prefix).then(|| {
@@ -187,7 +155,7 @@ pub fn page_entries(prefix: &str, page: ListPage) -> Vec<ListedEntry> {
         name.pop();
         if is_visible(&name) {
             entries.push(ListedEntry {
-                name: name.into(),
+                name,
                 kind: Kind::Dir,
                 meta: None,
                 target: None,
@@ -202,7 +170,7 @@ pub fn page_entries(prefix: &str, page: ListPage) -> Vec<ListedEntry> {
             continue;
         };
         entries.push(ListedEntry {
-            name: name.into(),
+            name,
             kind,
             meta: Some(meta),
             target,
@@ -248,10 +216,7 @@ pub fn merge_runs(
         }
         true
     });
-    Listing {
-        entries,
-        listed_at: std::time::Instant::now(),
-    }
+    Listing::new(entries, std::time::Instant::now())
 }
 
 #[cfg(test)]
@@ -290,7 +255,7 @@ mod tests {
         ];
         let w = ShadowWarnings::default();
         let l = merge("d/", pages, &w);
-        let names: Vec<_> = l.entries.iter().map(|e| &*e.name).collect();
+        let names: Vec<_> = l.iter().map(|e| e.name).collect();
         assert_eq!(names, ["a", "implicit", "sub", "z"]);
         assert_eq!(l.find("sub").map(|e| e.kind), Some(Kind::Dir));
         assert_eq!(l.find("a").and_then(|e| e.meta).map(|m| m.size), Some(1));
@@ -316,11 +281,11 @@ mod tests {
         let l = merge("d/", vec![page], &ShadowWarnings::default());
         let old = l.find("old").expect("old");
         assert_eq!(
-            (old.kind, old.target.as_deref()),
+            (old.kind, old.target.map(|t| &**t)),
             (Kind::Symlink, Some("../t"))
         );
         let new = l.find("new").expect("new");
-        assert_eq!((new.kind, new.target.as_deref()), (Kind::Symlink, None));
+        assert_eq!((new.kind, new.target), (Kind::Symlink, None));
         assert_eq!(l.find("plain").map(|e| e.kind), Some(Kind::File));
     }
 
@@ -338,7 +303,7 @@ mod tests {
             page(vec![obj("d/a", 1), obj("d/m", 5)], vec!["d/k/", "d/s/"]),
         ];
         let l = merge("d/", pages, &ShadowWarnings::default());
-        let names: Vec<_> = l.entries.iter().map(|e| &*e.name).collect();
+        let names: Vec<_> = l.iter().map(|e| e.name).collect();
         assert_eq!(names, ["a", "k", "m", "s", "z"]);
         assert_eq!(l.find("s").map(|e| e.kind), Some(Kind::Dir));
     }

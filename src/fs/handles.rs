@@ -2,7 +2,7 @@
 //! side (pinned to the version it opened) and, when it writes, the writer it shares with the
 //! other writing handles of its inode; a directory handle's cursor (the listing it reads).
 
-use super::dir::Listing;
+use super::listing::Listing;
 use super::lock;
 use super::read::Handle as ReadSide;
 use super::write::FileWriter;

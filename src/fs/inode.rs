@@ -48,6 +48,11 @@ impl Kind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UnixNanos(i64);
 
+impl UnixNanos {
+    /// 1970-01-01 00:00:00 UTC.
+    pub const EPOCH: UnixNanos = UnixNanos(0);
+}
+
 impl From<SystemTime> for UnixNanos {
     fn from(t: SystemTime) -> Self {
         let nanos = match t.duration_since(SystemTime::UNIX_EPOCH) {

@@ -18,6 +18,7 @@ mod error;
 mod handles;
 mod inode;
 mod list_parallel;
+mod listing;
 mod names;
 mod namespace;
 mod pool;

@@ -115,7 +115,7 @@ struct DirScan {
     cursor: Cursor,
     keys: Option<Arc<[Arc<str>]>>,
     /// The listing the positions refer to; a new listing starts a new scan.
-    listing: Option<Arc<super::dir::Listing>>,
+    listing: Option<Arc<super::listing::Listing>>,
 }
 
 /// What to do about an upcoming file.
@@ -354,7 +354,7 @@ impl Fs {
         let Some(listing) = i.sb.cached_listing(dir) else {
             return;
         };
-        let Ok(at) = listing.entries.binary_search_by(|e| (*e.name).cmp(name)) else {
+        let Ok(at) = listing.position(name) else {
             return;
         };
         let mut dirs = lock(&i.prefetch.dirs);
@@ -385,7 +385,6 @@ impl Fs {
         // Directories and links are not files to load: their keys stay out of the order.
         let keys = s.keys.get_or_insert_with(|| {
             listing
-                .entries
                 .iter()
                 .map(|e| match e.kind {
                     Kind::File => Arc::from(format!("{dir}{}", e.name)),

@@ -2,8 +2,8 @@
 //! takes at its first read from offset 0 (so a directory read in several calls sees one
 //! consistent listing; the handle table keeps it), and `releasedir`.
 
-use super::dir::Listing;
 use super::error::{Errno, FsResult};
+use super::listing::Listing;
 use super::{names, Entry, Fs, Kind};
 use std::sync::Arc;
 
@@ -125,16 +125,16 @@ impl Fs {
         }
         let dir_key = dir.key();
         let skip = offset.saturating_sub(2) as usize;
-        for (n, e) in listing.entries.iter().enumerate().skip(skip) {
+        for (n, e) in (skip..).zip(listing.iter_from(skip)) {
             let key = match e.kind {
-                Kind::Dir => names::dir_key(&dir_key, &e.name),
-                Kind::File | Kind::Symlink => names::file_key(&dir_key, &e.name),
+                Kind::Dir => names::dir_key(&dir_key, e.name),
+                Kind::File | Kind::Symlink => names::file_key(&dir_key, e.name),
             };
             let item = DirItem {
                 ino: self.inner.sb.ino_of(&key, e.kind),
                 offset: n as u64 + 3,
                 kind: e.kind,
-                name: &e.name,
+                name: e.name,
             };
             if add(&item) {
                 return Ok(());
@@ -183,13 +183,13 @@ impl Fs {
         }
         let dir_key = dir.key();
         let skip = offset.saturating_sub(2) as usize;
-        for (n, e) in listing.entries.iter().enumerate().skip(skip) {
+        for (n, e) in (skip..).zip(listing.iter_from(skip)) {
             let inode = self.inner.sb.found_listed(&dir_key, e);
             let item = DirItem {
                 ino: inode.ino,
                 offset: n as u64 + 3,
                 kind: e.kind,
-                name: &e.name,
+                name: e.name,
             };
             if add(&item, &self.entry(&inode)) {
                 self.inner.sb.forget(inode.ino, 1);

@@ -4,11 +4,12 @@
 //! as a named event (`created`, `removed`, `renamed`, `written`) that drops exactly the
 //! cached answers the change made wrong. No handles, no bytes.
 
-use super::dir::{list_dir, merge, ListOptions, ListedEntry, Listing, ShadowWarnings};
+use super::dir::{list_dir, merge, ListOptions, ListedEntry, ShadowWarnings};
 use super::dir_changes::DirChanges;
 use super::error::{self, Errno, FsResult};
 use super::inode::{Inode, InodeTable, Kind, ObjMeta};
 use super::list_parallel::list_request;
+use super::listing::{EntryRef, Listing};
 use super::{lock, names};
 use crate::config::FsConfig;
 use crate::gcs::{self, Client, ListRequest};
@@ -98,9 +99,7 @@ fn listing_cache(ttl: Duration, cap_bytes: u64) -> Option<moka::sync::Cache<Stri
             .weigher(|dkey: &String, l: &Arc<Listing>| {
                 u32::try_from(dkey.len() + l.heap_bytes()).unwrap_or(u32::MAX)
             })
-            .eviction_listener(
-                |_, l: Arc<Listing>, _| super::reclaim::freed(l.entries.len() as u64),
-            )
+            .eviction_listener(|_, l: Arc<Listing>, _| super::reclaim::freed(l.len() as u64))
             .time_to_live(ttl)
             .build()
     })
@@ -416,16 +415,16 @@ impl Superblock {
     }
 
     /// The inode of entry `e` of the listing of directory `dkey`, counting one kernel lookup.
-    pub(super) fn found_listed(&self, dkey: &str, e: &ListedEntry) -> Arc<Inode> {
+    pub(super) fn found_listed(&self, dkey: &str, e: EntryRef<'_>) -> Arc<Inode> {
         if e.kind == Kind::Dir {
             return self
                 .inodes
-                .lookup(&names::dir_key(dkey, &e.name), Kind::Dir, None);
+                .lookup(&names::dir_key(dkey, e.name), Kind::Dir, None);
         }
         let inode = self
             .inodes
-            .lookup(&names::file_key(dkey, &e.name), e.kind, e.meta);
-        if let Some(target) = &e.target {
+            .lookup(&names::file_key(dkey, e.name), e.kind, e.meta);
+        if let Some(target) = e.target {
             inode.set_target(target.clone());
         }
         inode
@@ -541,12 +540,11 @@ impl Superblock {
         .await
         .map_err(|e| error::log_err("list", dkey, &e))?;
         let subdirs = listing
-            .entries
             .iter()
             .filter(|e| e.kind == Kind::Dir)
-            .map(|e| names::dir_key(dkey, &e.name))
+            .map(|e| names::dir_key(dkey, e.name))
             .collect();
-        let n = listing.entries.len() as u64;
+        let n = listing.len() as u64;
         keep_listing(cache, &self.changes, since, dkey, &Arc::new(listing));
         Ok(Some((subdirs, n)))
     }
@@ -565,12 +563,7 @@ impl Superblock {
         if let Some(c) = &self.negative {
             c.invalidate(&(parent, entry.name.to_string()));
         }
-        self.edit_listing(parent, |entries| {
-            match entries.binary_search_by(|e| e.name.cmp(&entry.name)) {
-                Ok(i) => entries[i] = entry,
-                Err(i) => entries.insert(i, entry),
-            }
-        });
+        self.edit_listing(parent, |l| l.with(&entry));
     }
 
     /// Changes the cached listing of directory `parent`, if one is kept, in one step with
@@ -578,20 +571,14 @@ impl Superblock {
     /// stays that of the call that listed it: what it vouches for stays as old. A listing
     /// longer than a page is dropped instead: copying it on every change would cost more
     /// than the one-call name probe that answers lookups in a directory that large.
-    fn edit_listing(&self, parent: u64, edit: impl FnOnce(&mut Vec<ListedEntry>)) {
+    fn edit_listing(&self, parent: u64, edit: impl FnOnce(&Listing) -> Listing) {
         let (Some(c), Ok(dir)) = (&self.listings, self.inode(parent)) else {
             return;
         };
         let most = usize::try_from(self.list_options.page_size).unwrap_or(0);
         c.entry(dir.key()).and_compute_with(|cached| match cached {
-            Some(l) if l.value().entries.len() < most => {
-                let old = l.into_value();
-                let mut entries = old.entries.clone();
-                edit(&mut entries);
-                moka::ops::compute::Op::Put(Arc::new(Listing {
-                    entries,
-                    listed_at: old.listed_at,
-                }))
+            Some(l) if l.value().len() < most => {
+                moka::ops::compute::Op::Put(Arc::new(edit(l.value())))
             }
             Some(_) => moka::ops::compute::Op::Remove,
             None => moka::ops::compute::Op::Nop,
@@ -616,11 +603,7 @@ impl Superblock {
         if let Some(c) = &self.negative {
             c.invalidate(&(parent, name.to_string()));
         }
-        self.edit_listing(parent, |entries| {
-            if let Ok(i) = entries.binary_search_by(|e| (*e.name).cmp(name)) {
-                entries.remove(i);
-            }
-        });
+        self.edit_listing(parent, |l| l.without(name));
     }
 
     /// Event: `from` (name `name` of `parent`) is now `to` (name `newname` of `newparent`);
@@ -665,20 +648,19 @@ impl Superblock {
             let Some(l) = cached else {
                 return moka::ops::compute::Op::Nop;
             };
-            if l.value().entries.len() > most {
+            let l = l.value();
+            if l.len() > most {
                 return moka::ops::compute::Op::Remove;
             }
-            let old = l.into_value();
-            let mut entries = old.entries.clone();
-            match entries.binary_search_by(|e| (*e.name).cmp(name)) {
-                Ok(i) if entries[i].kind == inode.kind => entries[i].meta = Some(meta),
+            match l.find(name) {
+                Some(e) if e.kind == inode.kind => {
+                    let mut e = e.to_owned();
+                    e.meta = Some(meta);
+                    moka::ops::compute::Op::Put(Arc::new(l.with(&e)))
+                }
                 // Not in the listing as this file: let the next lookup ask.
-                _ => return moka::ops::compute::Op::Remove,
+                _ => moka::ops::compute::Op::Remove,
             }
-            moka::ops::compute::Op::Put(Arc::new(Listing {
-                entries,
-                listed_at: old.listed_at,
-            }))
         });
     }
 

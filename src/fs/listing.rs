@@ -1,0 +1,283 @@
+//! A directory's listing as the metadata cache keeps it: a bucket of millions of objects is
+//! millions of cached entries, so a listing keeps its names in one buffer and each entry in
+//! a 40-byte slot (where an entry with its own name allocation took about 130 bytes), sorted
+//! by name, with the rare link targets apart. An edit (a create, a close, a removal) makes
+//! a changed copy: readers keep the listing they hold.
+
+use super::dir::ListedEntry;
+use super::inode::{Kind, ObjMeta};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// One entry as a listing stores it.
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    /// Where the name starts in the listing's name bytes.
+    name_at: u32,
+    /// A visible name is at most `NAME_MAX` (255) bytes.
+    name_len: u8,
+    kind: Kind,
+    /// A file's or link's metadata; a directory's is unused.
+    meta: ObjMeta,
+}
+
+const NO_META: ObjMeta = ObjMeta {
+    generation: 0,
+    size: 0,
+    mtime: super::inode::UnixNanos::EPOCH,
+    crtime: super::inode::UnixNanos::EPOCH,
+};
+
+/// One entry of a listing, borrowed from it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EntryRef<'a> {
+    /// The name inside the directory.
+    pub name: &'a str,
+    /// File, directory or symbolic link.
+    pub kind: Kind,
+    /// The object's metadata, for files and links.
+    pub meta: Option<ObjMeta>,
+    /// A link's target, when its object's metadata gives it.
+    pub target: Option<&'a Arc<str>>,
+}
+
+impl EntryRef<'_> {
+    /// The entry as an owned `ListedEntry`.
+    pub fn to_owned(self) -> ListedEntry {
+        ListedEntry {
+            name: self.name.to_string(),
+            kind: self.kind,
+            meta: self.meta,
+            target: self.target.cloned(),
+        }
+    }
+}
+
+/// A directory's visible entries, sorted by name.
+#[derive(Debug)]
+pub struct Listing {
+    names: String,
+    /// Sorted by name (byte order), names unique.
+    slots: Vec<Slot>,
+    /// The targets that links' metadata gives, by their slot's `name_at`, in its order
+    /// (names are only ever appended).
+    targets: Vec<(u32, Arc<str>)>,
+    /// When the listing was taken: it vouches for a name's absence only briefly.
+    pub listed_at: Instant,
+}
+
+impl Listing {
+    /// The listing of `entries` (sorted by name, names unique), taken at `listed_at`.
+    pub fn new(entries: Vec<ListedEntry>, listed_at: Instant) -> Listing {
+        let mut l = Listing {
+            names: String::with_capacity(entries.iter().map(|e| e.name.len()).sum()),
+            slots: Vec::with_capacity(entries.len()),
+            targets: Vec::new(),
+            listed_at,
+        };
+        for e in entries {
+            match l.slot_of(&e) {
+                Some(slot) => l.slots.push(slot),
+                None => break,
+            }
+        }
+        l
+    }
+
+    /// Appends `e`'s name (and target) and returns its slot, or None past 4 GiB of names
+    /// (some 16 million entries of the longest names; no cache holds such a listing).
+    fn slot_of(&mut self, e: &ListedEntry) -> Option<Slot> {
+        let (Ok(name_at), Ok(name_len)) =
+            (u32::try_from(self.names.len()), u8::try_from(e.name.len()))
+        else {
+            tracing::error!(
+                entries = self.slots.len(),
+                "directory listing cut at 4 GiB of names"
+            );
+            return None;
+        };
+        self.names.push_str(&e.name);
+        if let Some(t) = &e.target {
+            self.targets.push((name_at, t.clone()));
+        }
+        Some(Slot {
+            name_at,
+            name_len,
+            kind: e.kind,
+            meta: e.meta.unwrap_or(NO_META),
+        })
+    }
+
+    fn entry(&self, s: &Slot) -> EntryRef<'_> {
+        let at = s.name_at as usize;
+        EntryRef {
+            name: &self.names[at..at + s.name_len as usize],
+            kind: s.kind,
+            meta: (s.kind != Kind::Dir).then_some(s.meta),
+            target: self
+                .targets
+                .binary_search_by_key(&s.name_at, |(at, _)| *at)
+                .ok()
+                .map(|i| &self.targets[i].1),
+        }
+    }
+
+    fn name(&self, s: &Slot) -> &str {
+        let at = s.name_at as usize;
+        &self.names[at..at + s.name_len as usize]
+    }
+
+    /// How many entries the directory has.
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// The entries in name order, from the `skip`th on (at no cost for the ones skipped:
+    /// readdir resumes a large directory at an offset many times).
+    pub fn iter_from(&self, skip: usize) -> impl Iterator<Item = EntryRef<'_>> {
+        let from = skip.min(self.slots.len());
+        self.slots[from..].iter().map(|s| self.entry(s))
+    }
+
+    /// The entries in name order.
+    pub fn iter(&self) -> impl Iterator<Item = EntryRef<'_>> {
+        self.iter_from(0)
+    }
+
+    /// Where `name` is (Ok) or would go (Err) in name order.
+    pub fn position(&self, name: &str) -> Result<usize, usize> {
+        self.slots.binary_search_by(|s| self.name(s).cmp(name))
+    }
+
+    /// The entry called `name`, if the directory holds one.
+    pub fn find(&self, name: &str) -> Option<EntryRef<'_>> {
+        self.position(name).ok().map(|i| self.entry(&self.slots[i]))
+    }
+
+    /// The bytes the listing holds on the heap, as the cache weighs it.
+    pub fn heap_bytes(&self) -> usize {
+        std::mem::size_of::<Listing>()
+            + self.names.capacity()
+            + self.slots.capacity() * std::mem::size_of::<Slot>()
+            + self.targets.capacity() * std::mem::size_of::<(u32, Arc<str>)>()
+    }
+
+    /// A copy with `entry` in place of the entry of its name, or added; as old as this one.
+    pub fn with(&self, entry: &ListedEntry) -> Listing {
+        let mut copy = self.copy_without(Some(&entry.name));
+        if let Some(slot) = copy.slot_of(entry) {
+            let at = copy.position(&entry.name).unwrap_or_else(|at| at);
+            copy.slots.insert(at, slot);
+        }
+        copy
+    }
+
+    /// A copy without the entry called `name`; as old as this one.
+    pub fn without(&self, name: &str) -> Listing {
+        self.copy_without(Some(name))
+    }
+
+    /// A compact copy (names of removed entries dropped) of every entry but `name`'s.
+    fn copy_without(&self, name: Option<&str>) -> Listing {
+        let kept = self.slots.len() + 1;
+        let mut copy = Listing {
+            names: String::with_capacity(self.names.len() + 256),
+            slots: Vec::with_capacity(kept),
+            targets: Vec::new(),
+            listed_at: self.listed_at,
+        };
+        for s in &self.slots {
+            let e = self.entry(s);
+            if Some(e.name) == name {
+                continue;
+            }
+            let name_at = copy.names.len() as u32;
+            copy.names.push_str(e.name);
+            if let Some(t) = e.target {
+                copy.targets.push((name_at, t.clone()));
+            }
+            copy.slots.push(Slot { name_at, ..*s });
+        }
+        copy
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(name: &str, size: u64) -> ListedEntry {
+        ListedEntry {
+            name: name.to_string(),
+            kind: Kind::File,
+            meta: Some(ObjMeta { size, ..NO_META }),
+            target: None,
+        }
+    }
+
+    fn names(l: &Listing) -> Vec<&str> {
+        l.iter().map(|e| e.name).collect()
+    }
+
+    #[test]
+    fn entries_keep_names_kinds_metadata_and_targets() {
+        let link = ListedEntry {
+            name: "l".into(),
+            kind: Kind::Symlink,
+            meta: Some(NO_META),
+            target: Some(Arc::from("../t")),
+        };
+        let dir = ListedEntry {
+            name: "d".into(),
+            kind: Kind::Dir,
+            meta: None,
+            target: None,
+        };
+        let l = Listing::new(vec![file("a", 1), dir, link, file("z", 9)], Instant::now());
+        assert_eq!(names(&l), ["a", "d", "l", "z"]);
+        assert_eq!(l.find("a").and_then(|e| e.meta).map(|m| m.size), Some(1));
+        assert_eq!(
+            l.find("d").map(|e| (e.kind, e.meta)),
+            Some((Kind::Dir, None))
+        );
+        assert_eq!(
+            l.find("l").and_then(|e| e.target).map(|t| &**t),
+            Some("../t")
+        );
+        assert_eq!(l.find("z").and_then(|e| e.target), None);
+        assert!(l.find("b").is_none());
+        assert_eq!(
+            names(&Listing::new(vec![], Instant::now())),
+            Vec::<&str>::new()
+        );
+        let from: Vec<_> = l.iter_from(2).map(|e| e.name).collect();
+        assert_eq!(from, ["l", "z"]);
+        assert_eq!(l.iter_from(99).count(), 0);
+    }
+
+    #[test]
+    fn edits_are_copies_that_stay_sorted_and_compact() {
+        let l = Listing::new(vec![file("b", 1), file("d", 2)], Instant::now());
+        let added = l.with(&file("c", 3)).with(&file("a", 0));
+        assert_eq!(names(&added), ["a", "b", "c", "d"]);
+        assert_eq!(names(&l), ["b", "d"], "the original is untouched");
+        let replaced = added.with(&file("c", 30));
+        assert_eq!(
+            replaced.find("c").and_then(|e| e.meta).map(|m| m.size),
+            Some(30)
+        );
+        assert_eq!(replaced.len(), 4);
+        let mut churned = replaced;
+        for i in 0..1000 {
+            churned = churned
+                .with(&file(&format!("tmp{i}"), 1))
+                .without(&format!("tmp{i}"));
+        }
+        assert_eq!(names(&churned), ["a", "b", "c", "d"]);
+        assert!(
+            churned.names.len() == 4,
+            "removed names leave no bytes behind"
+        );
+        assert_eq!(churned.without("nope").len(), 4);
+    }
+}
