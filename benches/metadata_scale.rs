@@ -4,7 +4,8 @@
 //! `os.walk`. Reports, in one run:
 //! - the walk time cold (fresh mount), warm (the same mount again), and on a fresh mount
 //!   after its metadata warm-up (`--prefetch-metadata`) finished (one mount per walk);
-//! - the daemon's resident memory after mounting, at its peak, after the walks, and after the
+//! - the daemon's resident memory after mounting, at its peak, after the walks, after a
+//!   `find` that stats every file (the kernel then holds an inode per file), and after the
 //!   kernel dropped its dentry and inode caches (`echo 2 > /proc/sys/vm/drop_caches`, which
 //!   makes it forget every inode), and the growth per object.
 //!
@@ -189,6 +190,13 @@ fn find(m: &Mount) -> anyhow::Result<(f64, usize)> {
     walk(Command::new("sh").args(["-c", &script]))
 }
 
+/// `find MNT -printf '%s'`: a walk that stats every entry, as `ls -l`, `du` or a first
+/// epoch that opens every file, so the kernel holds an inode per file.
+fn find_stat(m: &Mount) -> anyhow::Result<(f64, usize)> {
+    let script = format!("find '{}' -printf '%s\\n' | wc -l", m.mnt.display());
+    walk(Command::new("sh").args(["-c", &script]))
+}
+
 /// `os.walk` counting directories and files the way `find` does.
 fn os_walk(m: &Mount) -> anyhow::Result<(f64, usize)> {
     let script =
@@ -251,6 +259,9 @@ fn main() -> anyhow::Result<()> {
     check("warm os.walk", n)?;
     let rss_walked = m.rss()?;
     let peak = m.peak_rss()?;
+    let (stat_secs, n) = find_stat(&m)?;
+    check("find -printf %s", n)?;
+    let rss_stated = m.rss()?;
     drop_kernel_caches()?;
     std::thread::sleep(Duration::from_secs(3));
     let rss_dropped = m.rss()?;
@@ -303,13 +314,16 @@ fn main() -> anyhow::Result<()> {
     ] {
         println!("| {what} | {s:.2} | {:.1}x faster |", cold / s);
     }
-    println!("warm-up itself: {warmup_secs:.2} s");
+    println!(
+        "warm-up itself: {warmup_secs:.2} s; find stating every file (warm): {stat_secs:.2} s"
+    );
     println!("| daemon memory | MiB | bytes per object over mounted |");
     println!("|---|---|---|");
     for (what, b) in [
         ("mounted", rss_mounted),
         ("after the walks", rss_walked),
-        ("peak", peak),
+        ("peak of the walks", peak),
+        ("after a find that stats every file", rss_stated),
         ("after drop_caches", rss_dropped),
         ("after warm-up", rss_warmed),
         ("peak with warm-up", peak_warmup),
@@ -326,14 +340,16 @@ fn main() -> anyhow::Result<()> {
         "seconds": {
             "find_cold": find_cold, "find_warm": find_warm, "find_after_warmup": find_after,
             "walk_cold": walk_cold, "walk_warm": walk_warm, "walk_after_warmup": walk_after,
-            "warmup": warmup_secs,
+            "warmup": warmup_secs, "find_stat_warm": stat_secs,
         },
         "rss_bytes": {
             "mounted": rss_mounted, "after_walks": rss_walked, "peak": peak,
+            "after_find_stat": rss_stated,
             "after_drop_caches": rss_dropped, "after_warmup": rss_warmed,
             "peak_with_warmup": peak_warmup,
         },
         "bytes_per_object_peak": per_object(peak),
+        "bytes_per_object_stated": per_object(rss_stated),
     });
     let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-results");
     std::fs::create_dir_all(&out)?;

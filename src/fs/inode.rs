@@ -336,9 +336,9 @@ fn key_fits_kind(key: &str, kind: Kind) -> bool {
 }
 
 /// The number a new inode of `key` gets when free: a hash of the key with the top bit set, so
-/// it never meets the counted numbers given when it is taken. Plain readdir entries (the
-/// kernel asks for attributes only of the first of a directory, `FUSE_READDIRPLUS_AUTO`)
-/// show it as `d_ino` before any lookup, and `stat` shows the same number after one.
+/// it never meets the counted numbers given when it is taken. Plain readdir entries (past the
+/// first reply of a large directory, `FUSE_READDIRPLUS_AUTO`) show it as `d_ino` before any
+/// lookup, and `stat` shows the same number after one.
 fn hashed_ino(key: &str) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();

@@ -54,14 +54,6 @@ use std::time::{Duration, SystemTime};
 
 /// Size of a block as reported to `stat` (and the I/O size tools pick from it).
 const BLKSIZE: u32 = 1024 * 1024;
-
-/// A directory's block size, which glibc's `readdir` takes as its buffer size (at least
-/// 32 KiB). The kernel asks for attributes (readdirplus) only in the first reply of a
-/// directory read, and each entry with attributes is an inode the kernel then holds: with
-/// 1 MiB buffers the first reply was every entry of a directory of thousands, so `find`
-/// or `os.walk` left an inode per file. The rest now come as names and types, and a lookup
-/// (answered from the cached listing) when a file is first used.
-const DIR_BLKSIZE: u32 = 4096;
 /// Block size, size and free space reported to `statfs` (for `df`): a bucket has no fixed size.
 const STATFS_BSIZE: u32 = 4096;
 const STATFS_BLOCKS: u64 = (1 << 50) / STATFS_BSIZE as u64;
@@ -261,11 +253,7 @@ impl Fs {
                 gid: i.gid,
                 mtime: i.mounted_at,
                 crtime: i.mounted_at,
-                blksize: if kind == Kind::Dir {
-                    DIR_BLKSIZE
-                } else {
-                    BLKSIZE
-                },
+                blksize: BLKSIZE,
             },
         }
     }

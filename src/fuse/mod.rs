@@ -207,9 +207,11 @@ impl Filesystem for FuseAdapter {
         for cap in [
             InitFlags::FUSE_ASYNC_READ,
             InitFlags::FUSE_DO_READDIRPLUS,
-            // Attributes (and so an inode held by the kernel) only where they are used: the
-            // first entries of each directory, then on after a lookup or stat in it. A walk
-            // that needs only names and types (`find`, `os.walk`) leaves the rest unheld.
+            // Attributes (and so an inode the kernel holds) in the first reply of a directory
+            // read, up to the reader's buffer (glibc's is the directory's 1 MiB block: some
+            // 6,000 entries), and in later replies only after a lookup in the directory.
+            // Listing a directory of a million names leaves no million inodes; `ls -l` of it
+            // pays a lookup per name past the first reply (answered from the cached listing).
             InitFlags::FUSE_READDIRPLUS_AUTO,
             InitFlags::FUSE_PARALLEL_DIROPS,
             InitFlags::FUSE_MAX_PAGES,
