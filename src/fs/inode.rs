@@ -81,10 +81,9 @@ pub struct ObjMeta {
     pub generation: i64,
     /// Object size in bytes (appends grow it without changing the generation).
     pub size: u64,
-    /// Last update time of the object.
+    /// Last update time of the object. (Its creation time is not kept: Linux's FUSE has
+    /// no field for it.)
     pub mtime: UnixNanos,
-    /// Creation time of this generation.
-    pub crtime: UnixNanos,
 }
 
 impl ObjMeta {
@@ -100,7 +99,6 @@ impl From<&crate::gcs::ObjectMeta> for ObjMeta {
             generation: m.generation,
             size: m.size,
             mtime: m.update_time.into(),
-            crtime: m.create_time.into(),
         }
     }
 }
@@ -118,12 +116,13 @@ pub struct Inode {
 #[derive(Debug)]
 struct InodeState {
     /// Object key (file) or prefix ending in `/` (directory; empty for the bucket root).
-    /// Changes on rename: the kernel keeps using this inode under its new name. Shared with
-    /// the table's index by key, so a name is stored once however many maps point at it.
-    key: Arc<str>,
+    /// Changes on rename: the kernel keeps using this inode under its new name.
+    key: Box<str>,
     lookups: u64,
-    meta: Option<ObjMeta>,
-    /// When `meta` was last fetched, as `Ticks` (0: never).
+    /// The last fetched metadata, or generation 0 when none was: no object has generation
+    /// 0 (the service's are positive), and an `Option` would cost 8 bytes more.
+    meta: ObjMeta,
+    /// When `meta` was last fetched, as `ticks` (0: never).
     checked: u64,
     /// What only opened files and links have, kept apart so that the millions of inodes a
     /// walk leaves behind stay small.
@@ -139,15 +138,26 @@ struct Extra {
     target: Option<Arc<str>>,
 }
 
+/// The metadata of an inode nothing was fetched for yet.
+const UNKNOWN: ObjMeta = ObjMeta {
+    generation: 0,
+    size: 0,
+    mtime: UnixNanos::EPOCH,
+};
+
 impl InodeState {
-    fn new(key: Arc<str>, lookups: u64) -> Self {
+    fn new(key: Box<str>, lookups: u64) -> Self {
         InodeState {
             key,
             lookups,
-            meta: None,
+            meta: UNKNOWN,
             checked: 0,
             extra: None,
         }
+    }
+
+    fn meta(&self) -> Option<ObjMeta> {
+        (self.meta.generation != 0).then_some(self.meta)
     }
 
     fn extra(&mut self) -> &mut Extra {
@@ -197,7 +207,7 @@ impl Inode {
     /// The last fetched metadata and when it was fetched.
     pub fn meta(&self) -> (Option<ObjMeta>, Option<Instant>) {
         let s = self.state();
-        (s.meta, instant_of(s.checked))
+        (s.meta(), instant_of(s.checked))
     }
 
     /// Records freshly fetched metadata of the inode's generation and returns what the inode
@@ -206,10 +216,10 @@ impl Inode {
     pub fn refresh(&self, meta: ObjMeta) -> ObjMeta {
         let mut s = self.state();
         s.checked = ticks(Instant::now());
-        match s.meta {
+        match s.meta() {
             Some(old) if old.generation != meta.generation => old,
             _ => {
-                s.meta = Some(meta);
+                s.meta = meta;
                 meta
             }
         }
@@ -221,7 +231,7 @@ impl Inode {
     pub fn replace(&self, meta: ObjMeta) {
         let mut s = self.state();
         s.checked = ticks(Instant::now());
-        s.meta = Some(meta);
+        s.meta = meta;
         s.extra().page_cache_identity = Some(meta.identity());
     }
 
@@ -352,7 +362,7 @@ impl InodeTable {
         let root = Arc::new(Inode {
             ino: ROOT_INO,
             kind: Kind::Dir,
-            state: Mutex::new(InodeState::new(root_key.into(), 1)),
+            state: Mutex::new(InodeState::new(root_key.into_boxed_str(), 1)),
         });
         let mut tables = Tables {
             by_ino: HashTable::new(),
@@ -472,12 +482,14 @@ impl InodeTable {
     pub fn rename(&self, from: &str, to: &str, kind: Kind) {
         debug_assert!(key_fits_kind(from, kind) && key_fits_kind(to, kind));
         let mut t = self.tables();
-        let moved: Vec<Arc<str>> = match kind {
+        let moved: Vec<Box<str>> = match kind {
             Kind::Dir => t
                 .by_key
                 .iter()
-                .map(|i| i.state().key.clone())
-                .filter(|k| k.starts_with(from))
+                .filter_map(|i| {
+                    let s = i.state();
+                    s.key.starts_with(from).then(|| s.key.clone())
+                })
                 .collect(),
             Kind::File | Kind::Symlink => vec![from.into()],
         };
@@ -488,7 +500,7 @@ impl InodeTable {
             let Some(inode) = t.unindex_key(&old) else {
                 continue;
             };
-            inode.state().key = format!("{to}{}", &old[from.len()..]).into();
+            inode.state().key = format!("{to}{}", &old[from.len()..]).into_boxed_str();
             t.index_by_key(inode);
         }
     }
@@ -524,9 +536,9 @@ mod tests {
     #[test]
     fn an_inode_stays_small() {
         // With its Arc's two counters and malloc's 8-byte header, an inode fills one
-        // 128-byte chunk: a walk of a million files leaves a million of them.
-        assert!(std::mem::size_of::<Inode>() + 16 + 8 <= 128);
-        assert_eq!(std::mem::size_of::<ObjMeta>(), 32);
+        // 112-byte chunk: a walk of a million files leaves a million of them.
+        assert!(std::mem::size_of::<Inode>() + 16 + 8 <= 112);
+        assert_eq!(std::mem::size_of::<ObjMeta>(), 24);
     }
 
     #[test]
@@ -567,7 +579,6 @@ mod tests {
             generation,
             size,
             mtime: SystemTime::UNIX_EPOCH.into(),
-            crtime: SystemTime::UNIX_EPOCH.into(),
         }
     }
 

@@ -1,6 +1,6 @@
 //! A directory's listing as the metadata cache keeps it: a bucket of millions of objects is
 //! millions of cached entries, so a listing keeps its names in one buffer and each entry in
-//! a 40-byte slot (where an entry with its own name allocation took about 130 bytes), sorted
+//! a 32-byte slot (where an entry with its own name allocation took about 130 bytes), sorted
 //! by name, with the rare link targets apart. An edit (a create, a close, a removal) makes
 //! a changed copy: readers keep the listing they hold.
 
@@ -25,7 +25,6 @@ const NO_META: ObjMeta = ObjMeta {
     generation: 0,
     size: 0,
     mtime: super::inode::UnixNanos::EPOCH,
-    crtime: super::inode::UnixNanos::EPOCH,
 };
 
 /// One entry of a listing, borrowed from it.
@@ -217,6 +216,11 @@ mod tests {
 
     fn names(l: &Listing) -> Vec<&str> {
         l.iter().map(|e| e.name).collect()
+    }
+
+    #[test]
+    fn a_slot_is_32_bytes() {
+        assert_eq!(std::mem::size_of::<Slot>(), 32);
     }
 
     #[test]

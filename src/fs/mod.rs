@@ -78,8 +78,6 @@ pub struct Attr {
     pub gid: u32,
     /// Modification (and access and change) time.
     pub mtime: SystemTime,
-    /// Creation time.
-    pub crtime: SystemTime,
     /// Preferred I/O size.
     pub blksize: u32,
 }
@@ -223,7 +221,6 @@ impl Fs {
                 uid: i.uid,
                 gid: i.gid,
                 mtime: m.mtime.into(),
-                crtime: m.crtime.into(),
                 blksize: BLKSIZE,
             },
             (Kind::Symlink, Some(m)) => Attr {
@@ -236,7 +233,6 @@ impl Fs {
                 uid: i.uid,
                 gid: i.gid,
                 mtime: m.mtime.into(),
-                crtime: m.crtime.into(),
                 blksize: BLKSIZE,
             },
             (kind, _) => Attr {
@@ -252,7 +248,6 @@ impl Fs {
                 uid: i.uid,
                 gid: i.gid,
                 mtime: i.mounted_at,
-                crtime: i.mounted_at,
                 blksize: BLKSIZE,
             },
         }

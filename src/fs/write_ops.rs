@@ -62,7 +62,6 @@ impl Fs {
             generation: w.generation(),
             size: 0,
             mtime: now,
-            crtime: now,
         };
         i.sb.created(
             parent,

@@ -99,7 +99,8 @@ fn file_attr(a: &Attr) -> FileAttr {
         atime: a.mtime,
         mtime: a.mtime,
         ctime: a.mtime,
-        crtime: a.crtime,
+        // Sent to macOS only: Linux's FUSE has no creation time.
+        crtime: a.mtime,
         kind: file_type(a.kind),
         perm: a.perm,
         nlink: a.nlink,
