@@ -350,10 +350,8 @@ fn key_fits_kind(key: &str, kind: Kind) -> bool {
 /// first reply of a large directory, `FUSE_READDIRPLUS_AUTO`) show it as `d_ino` before any
 /// lookup, and `stat` shows the same number after one.
 fn hashed_ino(key: &str) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    key.hash(&mut h);
-    h.finish() | (1 << 63)
+    // A fixed seed: numbers stay the same for the mount's life, whichever table asks.
+    foldhash::fast::FixedState::with_seed(0x7261_7069_6466_7321).hash_one(key) | (1 << 63)
 }
 
 impl InodeTable {
