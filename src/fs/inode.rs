@@ -467,6 +467,25 @@ impl InodeTable {
         gone
     }
 
+    /// The keys of up to `n` files and links looked up least recently (oldest first): the
+    /// ones to ask the kernel to let go of when it holds more inodes than the cap.
+    pub fn least_recent_files(&self, n: usize) -> Vec<Box<str>> {
+        let t = self.tables();
+        // A bounded max-heap of (last lookup, number): the newest of the kept is on top.
+        let mut oldest = std::collections::BinaryHeap::with_capacity(n + 1);
+        for inode in t.by_ino.iter().filter(|i| i.kind != Kind::Dir) {
+            oldest.push((inode.state().checked, inode.ino));
+            if oldest.len() > n {
+                oldest.pop();
+            }
+        }
+        oldest
+            .into_sorted_vec()
+            .into_iter()
+            .filter_map(|(_, ino)| t.by_ino(ino).map(|i| i.state().key.clone()))
+            .collect()
+    }
+
     /// The inode of `key` if the kernel holds one, without counting a lookup.
     pub fn find(&self, key: &str, kind: Kind) -> Option<Arc<Inode>> {
         debug_assert!(key_fits_kind(key, kind), "{key:?} as {kind:?}");

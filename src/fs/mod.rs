@@ -284,6 +284,13 @@ impl Fs {
         self.inner.sb.forget(ino, n);
     }
 
+    /// The names whose dentries the kernel should drop, (parent inode, name), when it holds
+    /// more inodes than `fs.metadata_cache_mb` allows: the FUSE session sends them as
+    /// `FUSE_NOTIFY_INVAL_ENTRY`, and the kernel's forgets then free the inodes.
+    pub fn inodes_to_shed(&self) -> Vec<(u64, String)> {
+        self.inner.sb.inodes_to_shed()
+    }
+
     /// What the mount's metadata holds now (inodes, cached listings).
     pub fn metadata_usage(&self) -> MetadataUsage {
         self.inner.sb.usage()

@@ -65,6 +65,14 @@ const PROBES_BEFORE_LISTING: u32 = 128;
 /// than the probes it saves.
 const MOST_PAGES_AFTER_PROBES: usize = 100;
 
+/// What a held inode costs, with its key and index slots (about 190 bytes measured by
+/// `metadata_scale`): `fs.metadata_cache_mb` over this is how many inodes the kernel is
+/// left to hold before the least recently looked up are shed.
+const INODE_BYTES: u64 = 200;
+
+/// Inodes shed in one round: each is a notification the kernel handles on its own time.
+const MOST_SHED: usize = 65_536;
+
 /// Caches `listing` of directory `dkey` unless the directory changed through the mount
 /// since its count was `since` (read before it was listed): that change's edit found no
 /// cached listing to edit, so this one may lack it (a created file missing, a removed one
@@ -433,6 +441,30 @@ impl Superblock {
     /// Concurrent listings of a parallel listing, or of the warm-up.
     pub(super) fn list_workers(&self) -> usize {
         self.list_options.workers
+    }
+
+    /// Names (parent directory's inode, name) of the files the kernel should let go of, the
+    /// least recently looked up first, when it holds more inodes than `fs.metadata_cache_mb`
+    /// allows (at `INODE_BYTES` each): down to nine tenths of that, at most `MOST_SHED` at a
+    /// time. The kernel holds an inode as long as it keeps its name's dentry, which only
+    /// memory pressure on the kernel's side ends: a walk of ten million files would
+    /// otherwise leave two gigabytes here, charged to the daemon (a sidecar's memory limit),
+    /// not to the walker.
+    pub(super) fn inodes_to_shed(&self) -> Vec<(u64, String)> {
+        let cap = usize::try_from(self.metadata_cap / INODE_BYTES).unwrap_or(usize::MAX);
+        let held = self.inodes.len();
+        if held <= cap {
+            return Vec::new();
+        }
+        let excess = (held - cap / 10 * 9).min(MOST_SHED);
+        self.inodes
+            .least_recent_files(excess)
+            .iter()
+            .filter_map(|key| {
+                let dir = self.inodes.find(names::parent_dir(key), Kind::Dir)?;
+                Some((dir.ino, names::base_name(key).to_string()))
+            })
+            .collect()
     }
 
     /// What the metadata holds now: inodes, cached listings and their weight.

@@ -7,11 +7,16 @@ use crate::fs::Fs;
 use fuser::MountOption;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
 
 /// How long a stopping daemon waits for its FUSE thread after unmounting.
 const THREAD_GRACE: Duration = Duration::from_secs(2);
+
+/// How often the mount checks whether the kernel holds more inodes than the cap.
+const SHED_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Mount options for the kernel: always `default_permissions` (the kernel checks modes),
 /// plus read-only, `allow_other` and the user's `-o` list.
@@ -177,13 +182,21 @@ impl Mounted {
         fs: Fs,
     ) -> std::io::Result<Mounted> {
         let (tx, rx) = tokio::sync::oneshot::channel();
+        let serving = Arc::new(AtomicBool::new(true));
+        let notifier = session.notifier();
+        let still_serving = serving.clone();
         let thread = std::thread::Builder::new()
             .name("fuse".to_string())
             .spawn(move || {
                 let r = session.run();
+                still_serving.store(false, Ordering::Release);
                 let _ = tx.send(());
                 r
             })?;
+        let shedder = fs.clone();
+        std::thread::Builder::new()
+            .name("rapidfs-shed".to_string())
+            .spawn(move || shed_inodes(&shedder, &notifier, &serving))?;
         Ok(Mounted {
             unmounter,
             thread: Some(thread),
@@ -246,6 +259,19 @@ impl Mounted {
             None => Ok(()),
         };
         unmounted.map(|_| ()).and(joined)
+    }
+}
+
+/// While the session serves: asks the kernel to drop the dentries of the inodes over the cap
+/// (see `Fs::inodes_to_shed`). Off the FUSE thread: the kernel handles a notification under
+/// the directory's lock, which a request in flight may hold.
+fn shed_inodes(fs: &Fs, notifier: &fuser::Notifier, serving: &AtomicBool) {
+    while serving.load(Ordering::Acquire) {
+        std::thread::sleep(SHED_INTERVAL);
+        for (parent, name) in fs.inodes_to_shed() {
+            // ENOENT: the kernel dropped it already; any other error ends with the session.
+            let _ = notifier.inval_entry(fuser::INodeNo(parent), std::ffi::OsStr::new(&name));
+        }
     }
 }
 
