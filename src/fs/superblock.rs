@@ -70,9 +70,6 @@ const MOST_PAGES_AFTER_PROBES: usize = 100;
 /// left to hold before the least recently looked up are shed.
 const INODE_BYTES: u64 = 200;
 
-/// Inodes shed in one round: each is a notification the kernel handles on its own time.
-const MOST_SHED: usize = 65_536;
-
 /// Caches `listing` of directory `dkey` unless the directory changed through the mount
 /// since its count was `since` (read before it was listed): that change's edit found no
 /// cached listing to edit, so this one may lack it (a created file missing, a removed one
@@ -445,8 +442,8 @@ impl Superblock {
 
     /// Names (parent directory's inode, name) of the files the kernel should let go of, the
     /// least recently looked up first, when it holds more inodes than `fs.metadata_cache_mb`
-    /// allows (at `INODE_BYTES` each): down to nine tenths of that, at most `MOST_SHED` at a
-    /// time. The kernel holds an inode as long as it keeps its name's dentry, which only
+    /// allows (at `INODE_BYTES` each): down to four fifths of that, so that a walk creating
+    /// inodes fast needs a round (a scan of every inode) only every so many thousand. The kernel holds an inode as long as it keeps its name's dentry, which only
     /// memory pressure on the kernel's side ends: a walk of ten million files would
     /// otherwise leave two gigabytes here, charged to the daemon (a sidecar's memory limit),
     /// not to the walker.
@@ -456,7 +453,7 @@ impl Superblock {
         if held <= cap {
             return Vec::new();
         }
-        let excess = (held - cap / 10 * 9).min(MOST_SHED);
+        let excess = held - cap / 5 * 4;
         self.inodes
             .least_recent_files(excess)
             .iter()

@@ -15,8 +15,9 @@ use tokio::runtime::Handle;
 /// How long a stopping daemon waits for its FUSE thread after unmounting.
 const THREAD_GRACE: Duration = Duration::from_secs(2);
 
-/// How often the mount checks whether the kernel holds more inodes than the cap.
-const SHED_INTERVAL: Duration = Duration::from_secs(1);
+/// How often the mount checks whether the kernel holds more inodes than the cap: a walk
+/// creates some 100,000 a second.
+const SHED_INTERVAL: Duration = Duration::from_millis(200);
 
 /// Mount options for the kernel: always `default_permissions` (the kernel checks modes),
 /// plus read-only, `allow_other` and the user's `-o` list.
