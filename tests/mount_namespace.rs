@@ -163,7 +163,9 @@ fn tree(root: &Path) -> BTreeMap<String, Option<Vec<u8>>> {
                 out.insert(rel, None);
                 stack.push(e.path());
             } else {
-                out.insert(rel, Some(std::fs::read(e.path()).expect("read")));
+                let bytes = std::fs::read(e.path())
+                    .unwrap_or_else(|err| panic!("read {}: {err}", e.path().display()));
+                out.insert(rel, Some(bytes));
             }
         }
     }
@@ -174,9 +176,18 @@ fn tree(root: &Path) -> BTreeMap<String, Option<Vec<u8>>> {
 /// as objects and its directories as folders.
 fn same_tree(env: &Env, c: &Client, src: &Path, mnt: &Path, prefix: &str) {
     let want = tree(src);
+    let got = tree(&mnt.join(prefix));
+    let size =
+        |t: &BTreeMap<String, Option<Vec<u8>>>, k: &str| t.get(k).map(|v| v.as_ref().map(Vec::len));
+    let differ: Vec<_> = want
+        .keys()
+        .chain(got.keys().filter(|k| !want.contains_key(*k)))
+        .filter(|k| want.get(*k) != got.get(*k))
+        .map(|k| (k, size(&want, k), size(&got, k)))
+        .collect();
     assert!(
-        tree(&mnt.join(prefix)) == want,
-        "{prefix}: same tree as the source"
+        differ.is_empty(),
+        "{prefix}: not the source's tree; (path, source size, mount size): {differ:?}"
     );
     let files: Vec<String> = want
         .iter()

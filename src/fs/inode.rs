@@ -214,7 +214,18 @@ impl Inode {
     /// now holds: a newer generation belongs to a new inode (see `InodeTable::lookup`), so it
     /// only restarts the TTL here.
     pub fn refresh(&self, meta: ObjMeta) -> ObjMeta {
+        self.refresh_as_of(meta, Instant::now())
+    }
+
+    /// `refresh` with metadata as the service told it at `as_of` (a listing's time, the start
+    /// of a call), unless the inode learned its own later: a write through this mount notes
+    /// the size it persisted, and a listing taken before that (the size 0 of a new file) must
+    /// not take it back. The kernel would believe the reply and read the file as empty.
+    pub fn refresh_as_of(&self, meta: ObjMeta, as_of: Instant) -> ObjMeta {
         let mut s = self.state();
+        if let Some(known) = s.meta().filter(|_| s.checked > ticks(as_of)) {
+            return known;
+        }
         s.checked = ticks(Instant::now());
         match s.meta() {
             Some(old) if old.generation != meta.generation => old,
@@ -401,6 +412,17 @@ impl InodeTable {
     /// given, refreshes a file's metadata, and a newer generation than the inode's, or another
     /// kind (a file replaced by a link), gets a new inode.
     pub fn lookup(&self, key: &str, kind: Kind, meta: Option<ObjMeta>) -> Arc<Inode> {
+        self.lookup_as_of(key, kind, meta, Instant::now())
+    }
+
+    /// `lookup` with metadata as of `as_of` (see `Inode::refresh_as_of`).
+    pub fn lookup_as_of(
+        &self,
+        key: &str,
+        kind: Kind,
+        meta: Option<ObjMeta>,
+        as_of: Instant,
+    ) -> Arc<Inode> {
         debug_assert!(key_fits_kind(key, kind), "{key:?} as {kind:?}");
         let mut t = self.tables();
         let existing = t
@@ -434,7 +456,7 @@ impl InodeTable {
         };
         inode.state().lookups += 1;
         if let Some(m) = meta {
-            inode.refresh(m);
+            inode.refresh_as_of(m, as_of);
         }
         inode
     }
@@ -620,6 +642,25 @@ mod tests {
         );
         t.forget(v1.ino, 2);
         assert_eq!(t.lookup("f", Kind::File, None).ino, v2.ino);
+    }
+
+    #[test]
+    fn metadata_older_than_the_inode_does_not_take_it_back() {
+        let t = InodeTable::new(String::new());
+        let created = t.lookup("f", Kind::File, Some(meta(1, 0)));
+        let listed_at = Instant::now();
+        std::thread::sleep(Duration::from_millis(1));
+        created.refresh(meta(1, 18));
+        let again = t.lookup_as_of("f", Kind::File, Some(meta(1, 0)), listed_at);
+        assert_eq!(
+            again.meta().0,
+            Some(meta(1, 18)),
+            "a listing from before the write"
+        );
+        assert_eq!(
+            again.refresh_as_of(meta(1, 30), Instant::now()),
+            meta(1, 30)
+        );
     }
 
     #[test]

@@ -184,7 +184,7 @@ impl Fs {
         let dir_key = dir.key();
         let skip = offset.saturating_sub(2) as usize;
         for (n, e) in (skip..).zip(listing.iter_from(skip)) {
-            let inode = self.inner.sb.found_listed(&dir_key, e);
+            let inode = self.inner.sb.found_listed(&dir_key, e, listing.listed_at);
             let item = DirItem {
                 ino: inode.ino,
                 offset: n as u64 + 3,

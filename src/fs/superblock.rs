@@ -16,7 +16,7 @@ use crate::gcs::{self, Client, ListRequest};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The listing request that tells whether directory `dkey` ("a/b/") exists, empty folders
 /// included: names from `dkey` on under the prefix `dkey` without its slash, one entry. Any
@@ -233,6 +233,7 @@ impl Superblock {
         self.count_probe_and_list(&dir.key());
         // One call finds the object and the folder of that name together; only a page
         // crowded with names between the two (`name.1`, `name.2`, ...) needs two calls.
+        let asked = Instant::now();
         let (obj, sub) = match self
             .client
             .list_page(&self.bucket, &name_probe(&fkey))
@@ -263,7 +264,8 @@ impl Superblock {
             }
             (Ok(meta), _) => {
                 let (kind, target) = Kind::of_object(&meta);
-                let inode = self.inodes.lookup(&fkey, kind, Some(ObjMeta::from(&meta)));
+                let meta = Some(ObjMeta::from(&meta));
+                let inode = self.inodes.lookup_as_of(&fkey, kind, meta, asked);
                 if let Some(target) = target {
                     inode.set_target(target);
                 }
@@ -416,19 +418,26 @@ impl Superblock {
     /// Resolves `name` from `listing`, the listing of directory `dir`.
     fn lookup_in(&self, dir: &Inode, listing: &Listing, name: &str) -> FsResult<Arc<Inode>> {
         let found = listing.find(name).ok_or(Errno::ENOENT)?;
-        Ok(self.found_listed(&dir.key(), found))
+        Ok(self.found_listed(&dir.key(), found, listing.listed_at))
     }
 
     /// The inode of entry `e` of the listing of directory `dkey`, counting one kernel lookup.
-    pub(super) fn found_listed(&self, dkey: &str, e: EntryRef<'_>) -> Arc<Inode> {
+    /// A listing vouches for what the service said at `listed_at`: an inode that learned a
+    /// newer size since (written through this mount) keeps it.
+    pub(super) fn found_listed(
+        &self,
+        dkey: &str,
+        e: EntryRef<'_>,
+        listed_at: Instant,
+    ) -> Arc<Inode> {
         if e.kind == Kind::Dir {
             return self
                 .inodes
                 .lookup(&names::dir_key(dkey, e.name), Kind::Dir, None);
         }
-        let inode = self
-            .inodes
-            .lookup(&names::file_key(dkey, e.name), e.kind, e.meta);
+        let inode =
+            self.inodes
+                .lookup_as_of(&names::file_key(dkey, e.name), e.kind, e.meta, listed_at);
         if let Some(target) = e.target {
             inode.set_target(target.clone());
         }
@@ -505,12 +514,13 @@ impl Superblock {
         if let Some(m) = self.cached_meta(inode) {
             return Ok(m);
         }
+        let asked = Instant::now();
         let meta = self
             .client
             .get_object(&self.bucket, &inode.key())
             .await
             .map_err(|e| error::log_err("stat", &inode.key(), &e))?;
-        Ok(inode.refresh(ObjMeta::from(&meta)))
+        Ok(inode.refresh_as_of(ObjMeta::from(&meta), asked))
     }
 
     /// The inode's metadata while younger than the stat TTL.
