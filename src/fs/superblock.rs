@@ -14,7 +14,7 @@ use super::{lock, names};
 use crate::config::FsConfig;
 use crate::gcs::{self, Client, ListRequest};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -165,6 +165,9 @@ pub(super) struct Superblock {
     /// per directory: a listing is cached only if its directory did not change while it was
     /// taken (see `keep_listing`).
     changes: Arc<DirChanges>,
+    /// Directory renames so far: each drops every cached listing at once, and an edit that
+    /// read a listing before one must not put it back.
+    dir_renames: AtomicU64,
 }
 
 impl Superblock {
@@ -187,6 +190,7 @@ impl Superblock {
             negative_ttl: ms(fs.negative_ttl_ms),
             warnings: Arc::default(),
             changes: Arc::default(),
+            dir_renames: AtomicU64::new(0),
         }
     }
 
@@ -615,7 +619,11 @@ impl Superblock {
             return;
         };
         let most = usize::try_from(self.list_options.page_size).unwrap_or(0);
+        let renames = self.dir_renames.load(Ordering::Acquire);
         c.entry(dir.key()).and_compute_with(|cached| match cached {
+            Some(_) if self.dir_renames.load(Ordering::Acquire) != renames => {
+                moka::ops::compute::Op::Remove
+            }
             Some(l) if l.value().len() < most => {
                 moka::ops::compute::Op::Put(Arc::new(edit(l.value())))
             }
@@ -631,9 +639,7 @@ impl Superblock {
         self.inodes.unlink(key, kind);
         if kind == Kind::Dir {
             self.changes.changed(key);
-            if let Some(c) = &self.listings {
-                c.invalidate(key);
-            }
+            self.drop_listing(key);
             // An object of the same name, hidden by the directory until now, may show: the
             // parent is listed again rather than edited.
             self.name_changed(parent, name);
@@ -659,7 +665,9 @@ impl Superblock {
         self.inodes.rename(from, to, kind);
         if kind == Kind::Dir {
             self.changes.all_changed();
-            // Every listing below the directory named it by its old key.
+            // Every listing below the directory named it by its old key. Edits in flight
+            // see the count move and drop theirs rather than put it back.
+            self.dir_renames.fetch_add(1, Ordering::AcqRel);
             if let Some(c) = &self.listings {
                 c.invalidate_all();
             }
@@ -679,14 +687,18 @@ impl Superblock {
             return;
         };
         let Some(meta) = inode.meta().0 else {
-            c.invalidate(dkey);
+            self.drop_listing(dkey);
             return;
         };
         let most = usize::try_from(self.list_options.page_size).unwrap_or(0);
+        let renames = self.dir_renames.load(Ordering::Acquire);
         c.entry_by_ref(dkey).and_compute_with(|cached| {
             let Some(l) = cached else {
                 return moka::ops::compute::Op::Nop;
             };
+            if self.dir_renames.load(Ordering::Acquire) != renames {
+                return moka::ops::compute::Op::Remove;
+            }
             let l = l.value();
             if l.len() > most {
                 return moka::ops::compute::Op::Remove;
@@ -716,8 +728,18 @@ impl Superblock {
         if let Some(c) = &self.negative {
             c.invalidate(&(parent, name.to_string()));
         }
-        if let (Some(c), Ok(dir)) = (&self.listings, self.inode(parent)) {
-            c.invalidate(&dir.key());
+        if let Ok(dir) = self.inode(parent) {
+            self.drop_listing(&dir.key());
+        }
+    }
+
+    /// Drops the cached listing of `dkey` in one step with respect to its edits: a plain
+    /// invalidate could land between an edit's read of the listing and its put, and the
+    /// edit would bring back the listing it dropped (with a renamed file's old name).
+    fn drop_listing(&self, dkey: &str) {
+        if let Some(c) = &self.listings {
+            c.entry_by_ref(dkey)
+                .and_compute_with(|_| moka::ops::compute::Op::Remove);
         }
     }
 }
