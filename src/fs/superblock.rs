@@ -456,10 +456,10 @@ impl Superblock {
     /// Names (parent directory's inode, name) of the files the kernel should let go of, the
     /// least recently looked up first, when it holds more inodes than `fs.metadata_cache_mb`
     /// allows (at `INODE_BYTES` each): down to four fifths of that, so that a walk creating
-    /// inodes fast needs a round (a scan of every inode) only every so many thousand. The kernel holds an inode as long as it keeps its name's dentry, which only
-    /// memory pressure on the kernel's side ends: a walk of ten million files would
-    /// otherwise leave two gigabytes here, charged to the daemon (a sidecar's memory limit),
-    /// not to the walker.
+    /// inodes fast needs a round (a scan of every inode) only every so many thousand. The
+    /// kernel holds an inode as long as it keeps its name's dentry, which only memory
+    /// pressure on the kernel's side ends: a walk of ten million files would otherwise leave
+    /// two gigabytes here, charged to the daemon (a sidecar's memory limit), not the walker.
     pub(super) fn inodes_to_shed(&self) -> Vec<(u64, String)> {
         let cap = usize::try_from(self.metadata_cap / INODE_BYTES).unwrap_or(usize::MAX);
         let held = self.inodes.len();
