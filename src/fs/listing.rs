@@ -86,19 +86,7 @@ impl Listing {
     /// Appends `e`'s name (and target) and returns its slot, or None past 4 GiB of names
     /// (some 16 million entries of the longest names; no cache holds such a listing).
     fn slot_of(&mut self, e: &ListedEntry) -> Option<Slot> {
-        let (Ok(name_at), Ok(name_len)) =
-            (u32::try_from(self.names.len()), u8::try_from(e.name.len()))
-        else {
-            tracing::error!(
-                entries = self.slots.len(),
-                "directory listing cut at 4 GiB of names"
-            );
-            return None;
-        };
-        self.names.push_str(&e.name);
-        if let Some(t) = &e.target {
-            self.targets.push((name_at, t.clone()));
-        }
+        let (name_at, name_len) = self.append_name(&e.name, e.target.as_ref())?;
         Some(Slot {
             name_at,
             name_len,
@@ -107,10 +95,28 @@ impl Listing {
         })
     }
 
+    /// Appends a name (and its link target) to the name bytes: where it starts and its
+    /// length, or None past 4 GiB of names.
+    fn append_name(&mut self, name: &str, target: Option<&Arc<str>>) -> Option<(u32, u8)> {
+        let (Ok(name_at), Ok(name_len)) =
+            (u32::try_from(self.names.len()), u8::try_from(name.len()))
+        else {
+            tracing::error!(
+                entries = self.slots.len(),
+                "directory listing cut at 4 GiB of names"
+            );
+            return None;
+        };
+        self.names.push_str(name);
+        if let Some(t) = target {
+            self.targets.push((name_at, t.clone()));
+        }
+        Some((name_at, name_len))
+    }
+
     fn entry(&self, s: &Slot) -> EntryRef<'_> {
-        let at = s.name_at as usize;
         EntryRef {
-            name: &self.names[at..at + s.name_len as usize],
+            name: self.name(s),
             kind: s.kind,
             meta: (s.kind != Kind::Dir).then_some(s.meta),
             target: self
@@ -163,7 +169,7 @@ impl Listing {
 
     /// A copy with `entry` in place of the entry of its name, or added; as old as this one.
     pub fn with(&self, entry: &ListedEntry) -> Listing {
-        let mut copy = self.copy_without(Some(&entry.name));
+        let mut copy = self.copy_without(&entry.name);
         if let Some(slot) = copy.slot_of(entry) {
             let at = copy.position(&entry.name).unwrap_or_else(|at| at);
             copy.slots.insert(at, slot);
@@ -173,29 +179,26 @@ impl Listing {
 
     /// A copy without the entry called `name`; as old as this one.
     pub fn without(&self, name: &str) -> Listing {
-        self.copy_without(Some(name))
+        self.copy_without(name)
     }
 
     /// A compact copy (names of removed entries dropped) of every entry but `name`'s.
-    fn copy_without(&self, name: Option<&str>) -> Listing {
-        let kept = self.slots.len() + 1;
+    fn copy_without(&self, name: &str) -> Listing {
         let mut copy = Listing {
+            // Room for the one entry `with` adds.
             names: String::with_capacity(self.names.len() + 256),
-            slots: Vec::with_capacity(kept),
+            slots: Vec::with_capacity(self.slots.len() + 1),
             targets: Vec::new(),
             listed_at: self.listed_at,
         };
         for s in &self.slots {
             let e = self.entry(s);
-            if Some(e.name) == name {
+            if e.name == name {
                 continue;
             }
-            let name_at = copy.names.len() as u32;
-            copy.names.push_str(e.name);
-            if let Some(t) = e.target {
-                copy.targets.push((name_at, t.clone()));
+            if let Some((name_at, _)) = copy.append_name(e.name, e.target) {
+                copy.slots.push(Slot { name_at, ..*s });
             }
-            copy.slots.push(Slot { name_at, ..*s });
         }
         copy
     }
