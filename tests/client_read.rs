@@ -6,7 +6,7 @@ mod client_common;
 
 use client_common::*;
 use futures::{StreamExt, TryStreamExt};
-use rapidfs::emulator::Faults;
+use rapidfs::emulator::{Emulator, Faults};
 use rapidfs::gcs::{Client, Error, ListRequest};
 use std::time::{Duration, Instant};
 
@@ -241,6 +241,68 @@ fn a_server_gone_for_good_fails_reads_within_the_deadline() {
         ));
         assert!(start.elapsed() < Duration::from_secs(5));
     });
+}
+
+#[test]
+fn reads_go_on_after_the_server_restarts_on_the_same_address() {
+    // Each emulator runs on its own runtime so it can die like a crashed process.
+    let server = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let first_rt = server();
+    let emu = first_rt.block_on(emulator(Faults::default()));
+    let src = data(MIB, 9);
+    emu.put_object(BUCKET, "obj", src.clone()).unwrap();
+    let addr = emu.addr();
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let c = rt
+        .block_on(Client::connect(&config(emu.endpoint())))
+        .unwrap();
+    let read_all = |c: Client| async move {
+        let generation = c.get_object(BUCKET, "obj").await?.generation;
+        let once = c.read_once(BUCKET, "obj", generation, 0, MIB as u64).await;
+        let r = c.open_reader(BUCKET, "obj", None).await?;
+        Ok::<_, Error>((once, r.read(0, MIB as u64).await?))
+    };
+    let (once, streamed) = rt.block_on(read_all(c.clone())).unwrap();
+    assert_eq!(once.unwrap(), src);
+    assert_eq!(streamed, src);
+
+    first_rt.shutdown_background();
+    drop(emu);
+    let second_rt = server();
+    let emu = second_rt.block_on(async {
+        let emu = Emulator::start(options(Faults::default()), addr)
+            .await
+            .expect("a new emulator on the same address");
+        emu.create_bucket(BUCKET).unwrap();
+        emu
+    });
+    let src = data(MIB, 10);
+    emu.put_object(BUCKET, "obj", src.clone()).unwrap();
+    // The first call on each dead connection may fail; the reader's own retries and the
+    // next calls go through on new ones.
+    let streamed = rt.block_on(async {
+        for _ in 0..4 {
+            if let Ok((_, got)) = read_all(c.clone()).await {
+                return got;
+            }
+        }
+        panic!("no read went through after the restart");
+    });
+    assert_eq!(streamed, src);
+    let (once, _) = rt.block_on(read_all(c)).unwrap();
+    assert_eq!(once.unwrap(), src);
+    second_rt.shutdown_background();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

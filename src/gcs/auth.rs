@@ -237,36 +237,58 @@ impl AuthChannel {
             return Box::pin(inner.call(req));
         };
         Box::pin(async move {
-            match creds.headers(http::Extensions::new()).await {
-                Ok(CacheableResource::New { data, .. }) => {
-                    for (name, value) in &data {
-                        let mut value = value.clone();
-                        if name == AUTHORIZATION {
-                            value.set_sensitive(true);
-                        }
-                        req.headers_mut().insert(name.clone(), value);
-                    }
-                }
-                // Only returned to callers that pass an entity tag, which we never do.
-                Ok(CacheableResource::NotModified) => {
-                    return Ok(
-                        tonic::Status::unauthenticated("credentials gave no headers").into_http(),
-                    )
-                }
-                Err(e) => {
-                    // A transient failure (token endpoint briefly down) is retried like any
-                    // unavailable call; anything else is an authentication failure.
-                    let msg = format!("credentials: {e}");
-                    let status = if e.is_transient() {
-                        tonic::Status::unavailable(msg)
-                    } else {
-                        tonic::Status::unauthenticated(msg)
-                    };
-                    return Ok(status.into_http());
-                }
+            if let Err(status) = credential_headers(&creds, req.headers_mut()).await {
+                return Ok(status.into_http());
             }
             inner.call(req).await
         })
+    }
+}
+
+impl Auth {
+    /// Puts the current credentials' headers (the bearer token) into `headers`; nothing
+    /// when there are no credentials.
+    pub(crate) async fn add_headers(
+        &self,
+        headers: &mut http::HeaderMap,
+    ) -> std::result::Result<(), tonic::Status> {
+        match &self.creds {
+            Some(creds) => credential_headers(creds, headers).await,
+            None => Ok(()),
+        }
+    }
+}
+
+/// `creds`' headers into `headers`; a failure is the status the call ends with.
+async fn credential_headers(
+    creds: &Credentials,
+    headers: &mut http::HeaderMap,
+) -> std::result::Result<(), tonic::Status> {
+    match creds.headers(http::Extensions::new()).await {
+        Ok(CacheableResource::New { data, .. }) => {
+            for (name, value) in &data {
+                let mut value = value.clone();
+                if name == AUTHORIZATION {
+                    value.set_sensitive(true);
+                }
+                headers.insert(name.clone(), value);
+            }
+            Ok(())
+        }
+        // Only returned to callers that pass an entity tag, which we never do.
+        Ok(CacheableResource::NotModified) => Err(tonic::Status::unauthenticated(
+            "credentials gave no headers",
+        )),
+        Err(e) => {
+            // A transient failure (token endpoint briefly down) is retried like any
+            // unavailable call; anything else is an authentication failure.
+            let msg = format!("credentials: {e}");
+            Err(if e.is_transient() {
+                tonic::Status::unavailable(msg)
+            } else {
+                tonic::Status::unauthenticated(msg)
+            })
+        }
     }
 }
 

@@ -1,8 +1,9 @@
-//! Builds the HTTP/2 connections of a `Client`: one tonic `Endpoint` per configured
-//! connection, with large flow-control windows (a single bidi read stream must be able to
+//! Builds the tonic HTTP/2 connections of a `Client` (its unary calls and write streams;
+//! read streams run on `direct`'s): one tonic `Endpoint` per configured connection, with large flow-control windows (a single bidi read stream must be able to
 //! fill a fast link), `TCP_NODELAY`, HTTP/2 keep-alive, 16 MiB frames; `https://` uses TLS
-//! with the system's trust store plus an optional CA file (`gcs.ca_file`). Touches only
-//! tonic's transport (credentials are added on top, in `auth`).
+//! with the system's trust store plus an optional CA file (`gcs.ca_file`), and
+//! `tls_connector` gives `direct` the same trust. Touches only the transports (credentials
+//! are added on top, in `auth`).
 
 use super::{Error, Result};
 use crate::config::GcsConfig;
@@ -10,12 +11,12 @@ use std::time::Duration;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 /// Keep-alive pings find dead connections while a stream waits for data.
-const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
-const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+pub(super) const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+pub(super) const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 /// Largest HTTP/2 frame the server may send us, the protocol's largest: 16 KiB frames cost a
 /// lot of per-frame work at GB/s, and a read response that arrives in one frame is decoded
 /// in place, without a copy (see `read_stream`).
-const MAX_FRAME: u32 = (1 << 24) - 1;
+pub(super) const MAX_FRAME: u32 = (1 << 24) - 1;
 
 /// Connects `cfg.connections` HTTP/2 connections to `cfg.endpoint`.
 pub(crate) async fn connect(cfg: &GcsConfig) -> Result<Vec<Channel>> {
@@ -65,6 +66,49 @@ fn endpoint(cfg: &GcsConfig) -> Result<Endpoint> {
         .keep_alive_timeout(KEEPALIVE_TIMEOUT)
         .keep_alive_while_idle(true)
         .max_frame_size(MAX_FRAME))
+}
+
+/// The TLS connector of the directly driven connections (`direct`): the same trust as
+/// `endpoint`'s (the system's roots plus `gcs.ca_file`), offering HTTP/2 only, for `host`
+/// (a name, or an address without brackets).
+pub(crate) fn tls_connector(
+    cfg: &GcsConfig,
+    host: &str,
+) -> Result<(
+    tokio_rustls::TlsConnector,
+    rustls::pki_types::ServerName<'static>,
+)> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, ServerName};
+    let mut roots = rustls::RootCertStore::empty();
+    // Unreadable system certificates are skipped, as tonic's native roots do.
+    let native = rustls_native_certs::load_native_certs();
+    roots.add_parsable_certificates(native.certs);
+    if let Some(path) = &cfg.ca_file {
+        let pem = std::fs::read(path)
+            .map_err(|e| Error::InvalidArgument(format!("CA file {}: {e}", path.display())))?;
+        for cert in CertificateDer::pem_slice_iter(&pem) {
+            let cert = cert
+                .map_err(|e| Error::InvalidArgument(format!("CA file {}: {e}", path.display())))?;
+            roots
+                .add(cert)
+                .map_err(|e| Error::InvalidArgument(format!("CA file {}: {e}", path.display())))?;
+        }
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| Error::InvalidArgument(format!("TLS: {e}")))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![b"h2".to_vec()];
+    let name = ServerName::try_from(host)
+        .map_err(|e| Error::InvalidArgument(format!("endpoint host {host}: {e}")))?
+        .to_owned();
+    Ok((
+        tokio_rustls::TlsConnector::from(std::sync::Arc::new(tls)),
+        name,
+    ))
 }
 
 /// A transport error with its causes on one line (tonic's Display hides the interesting part).

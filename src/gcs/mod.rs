@@ -9,6 +9,7 @@
 mod auth;
 mod buffer;
 mod channel;
+mod direct;
 mod folders;
 mod meta;
 mod ranges;
@@ -86,6 +87,8 @@ struct Inner {
     channels: Vec<AuthChannel>,
     next: AtomicUsize,
     auth: Auth,
+    /// The connections the bidi read streams run on, driven directly (`direct`).
+    streams: direct::Pool,
 }
 
 impl Client {
@@ -93,12 +96,14 @@ impl Client {
     pub async fn connect(cfg: &GcsConfig) -> Result<Client> {
         let auth = Auth::new(cfg).await?;
         let channels = channel::connect(cfg).await?;
+        let streams = direct::Pool::new(cfg, auth.clone())?;
         Ok(Client {
             inner: Arc::new(Inner {
                 cfg: cfg.clone(),
                 channels: channels.into_iter().map(|c| auth.channel(c)).collect(),
                 next: AtomicUsize::new(0),
                 auth,
+                streams,
             }),
         })
     }
@@ -121,10 +126,9 @@ impl Client {
             .max_encoding_message_size(MAX_MESSAGE_BYTES)
     }
 
-    /// The next connection of the pool, for calls made on the bare HTTP/2 stream.
-    fn channel(&self) -> AuthChannel {
-        let i = self.inner.next.fetch_add(1, Ordering::Relaxed) % self.inner.channels.len();
-        self.inner.channels[i].clone()
+    /// The directly driven connections the bidi read streams open on.
+    fn streams(&self) -> &direct::Pool {
+        &self.inner.streams
     }
 
     /// A StorageControl stub on the next connection of the pool.

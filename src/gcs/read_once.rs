@@ -13,7 +13,6 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::UnboundedReceiverStream;
 
 impl Client {
     /// The bytes `[offset, offset + len)` of `object` at `generation`, which must lie inside
@@ -44,20 +43,12 @@ impl Client {
             }],
         };
         // The request side stays open while the range is read (a half-close could end the
-        // ranges still being served) and ends with `requests`, when this call returns: only
-        // then is the HTTP/2 stream released at both ends.
-        let (requests, request_rx) = mpsc::unbounded_channel();
-        let _ = requests.send(first);
-        let opening = read_stream::open(
-            self.channel(),
-            bucket,
-            None,
-            UnboundedReceiverStream::new(request_rx),
-        );
+        // ranges still being served) and ends with `_requests`, when this call returns.
+        let opening = read_stream::open(self.streams(), bucket, None, &first);
         let timeout = Duration::from_millis(self.config().call_timeout_ms);
         let stall = Duration::from_millis(self.config().stall_timeout_ms.max(1));
-        let mut stream = match tokio::time::timeout(timeout, opening).await {
-            Ok(Ok(stream)) => stream,
+        let (_requests, mut stream) = match tokio::time::timeout(timeout, opening).await {
+            Ok(Ok(opened)) => opened,
             Ok(Err(s)) => return Err(retry::map_status(&s, &what)),
             Err(_) => return Err(Error::Unavailable(format!("{what}: stream open timed out"))),
         };

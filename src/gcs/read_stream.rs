@@ -1,53 +1,66 @@
-//! A `BidiReadObject` call on the bare HTTP/2 stream: requests are framed as gRPC messages,
-//! and responses are decoded straight out of the received HTTP/2 DATA frames. tonic's
-//! `Streaming` first copies every frame into a buffer of its own; here a payload that lies
-//! within one frame (a server may send it in a frame of its own, or its whole message in one
-//! frame of up to our `max_frame_size`) is decoded in place, so it reaches the FUSE reply as
-//! a slice of the bytes read off the socket. Only a field that straddles frames is copied, as
-//! tonic would. Touches only the call it opens.
+//! A `BidiReadObject` call on a directly driven HTTP/2 stream (`direct`): requests are
+//! framed as gRPC messages and handed to the connection as they are sent, and responses are
+//! decoded straight out of the received HTTP/2 DATA frames. tonic's `Streaming` first copies
+//! every frame into a buffer of its own; here a payload that lies within one frame (a server
+//! may send it in a frame of its own, or its whole message in one frame of up to our
+//! `max_frame_size`) is decoded in place, so it reaches the FUSE reply as a slice of the
+//! bytes read off the socket. Only a field that straddles frames is copied, as tonic would.
+//! Touches only the call it opens.
 
-use super::auth::AuthChannel;
+use super::direct::Pool;
 use super::{routing, MAX_MESSAGE_BYTES};
 use crate::proto::storage::{BidiReadObjectRequest, BidiReadObjectResponse};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use futures::{Stream, StreamExt};
-use http_body_util::BodyExt;
 use prost::Message;
 use std::collections::VecDeque;
-use sync_wrapper::SyncWrapper;
-use tonic::body::Body;
 use tonic::Status;
-use tower::ServiceExt;
 
 /// The gRPC method path.
 const PATH: &str = "/google.storage.v2.Storage/BidiReadObject";
 /// Bytes before every gRPC message: a compression flag and a big-endian length.
 const PREFIX: usize = 5;
 
-/// Opens the call on `channel`, sending `requests` as they come; the routing header names
-/// `bucket` (and `routing_token` after a redirect). Resolves once the response headers are in.
+/// Opens the call on `pool` with `first` as its first message; the routing header names
+/// `bucket` (and `routing_token` after a redirect). Resolves once the response headers are
+/// in.
 pub(crate) async fn open(
-    channel: AuthChannel,
+    pool: &Pool,
     bucket: &str,
     routing_token: Option<&str>,
-    requests: impl Stream<Item = BidiReadObjectRequest> + Send + 'static,
-) -> Result<Responses, Status> {
-    let frames = requests.map(|m| Ok::<_, Status>(http_body::Frame::data(frame(&m))));
-    let req = http::Request::builder()
-        .method(http::Method::POST)
-        .version(http::Version::HTTP_2)
-        .uri(PATH)
-        .header(http::header::CONTENT_TYPE, "application/grpc")
-        .header(http::header::TE, "trailers")
-        .header(routing::HEADER, routing::params(bucket, routing_token))
-        .body(Body::new(http_body_util::StreamBody::new(frames)))
-        .map_err(|e| {
+    first: &BidiReadObjectRequest,
+) -> Result<(Requests, Responses), Status> {
+    let start = std::time::Instant::now();
+    let opened = open_call(pool, bucket, routing_token, first).await;
+    let code = match &opened {
+        Ok(_) => tonic::Code::Ok,
+        Err(s) => s.code(),
+    };
+    crate::metrics::grpc_call(
+        crate::metrics::grpc_method(PATH),
+        start.elapsed(),
+        crate::metrics::grpc_code(code as i32),
+    );
+    opened
+}
+
+async fn open_call(
+    pool: &Pool,
+    bucket: &str,
+    routing_token: Option<&str>,
+    first: &BidiReadObjectRequest,
+) -> Result<(Requests, Responses), Status> {
+    let mut headers = http::HeaderMap::new();
+    let params =
+        http::HeaderValue::try_from(routing::params(bucket, routing_token)).map_err(|e| {
             Status::invalid_argument(format!("bucket name not usable in a header: {e}"))
         })?;
-    let resp = channel
-        .oneshot(req)
+    headers.insert(routing::HEADER, params);
+    let (response, mut send) = pool.open(PATH, headers).await?;
+    send.send_data(frame(first), false)
+        .map_err(|e| Status::unavailable(format!("BidiReadObject: {e}")))?;
+    let resp = response
         .await
-        .map_err(|e| Status::from_error(Box::new(e)))?;
+        .map_err(|e| Status::unavailable(format!("BidiReadObject: {e}")))?;
     // A call refused at once carries its status in the headers ("trailers only").
     if let Some(s) = Status::from_header_map(resp.headers()) {
         if s.code() != tonic::Code::Ok {
@@ -60,12 +73,37 @@ pub(crate) async fn open(
             resp.status()
         )));
     }
-    Ok(Responses {
-        body: SyncWrapper::new(resp.into_body()),
-        frames: VecDeque::new(),
-        buffered: 0,
-        ended: false,
-    })
+    Ok((
+        Requests { send },
+        Responses {
+            body: Some(resp.into_body()),
+            frames: VecDeque::new(),
+            buffered: 0,
+        },
+    ))
+}
+
+/// The request side of an open call. It stays open while ranges are read (a half-close
+/// could end the ranges still being served); dropping it half-closes the call, and dropping
+/// the `Responses` too releases the stream at both ends.
+pub(crate) struct Requests {
+    send: h2::SendStream<Bytes>,
+}
+
+impl Drop for Requests {
+    fn drop(&mut self) {
+        let _ = self.send.send_data(Bytes::new(), true);
+    }
+}
+
+impl Requests {
+    /// Sends `m` on the stream; the connection's task writes it out. Fails once the stream
+    /// is gone, which the response side reports too.
+    pub(crate) fn send(&mut self, m: &BidiReadObjectRequest) -> Result<(), Status> {
+        self.send
+            .send_data(frame(m), false)
+            .map_err(|e| Status::unavailable(format!("BidiReadObject: {e}")))
+    }
 }
 
 /// `m` as one gRPC message: uncompressed flag, length, bytes.
@@ -81,12 +119,11 @@ fn frame(m: &BidiReadObjectRequest) -> Bytes {
 
 /// The response side of an open call.
 pub(crate) struct Responses {
-    /// Only ever polled through `&mut self`: the wrapper makes the reader's state `Sync`.
-    body: SyncWrapper<Body>,
+    /// The received stream; `None` once it ended with status OK.
+    body: Option<h2::RecvStream>,
     /// Received DATA frames not yet decoded, oldest first.
     frames: VecDeque<Bytes>,
     buffered: usize,
-    ended: bool,
 }
 
 impl Responses {
@@ -96,33 +133,32 @@ impl Responses {
             if let Some(m) = self.decode()? {
                 return Ok(Some(m));
             }
-            if self.ended {
+            let Some(body) = self.body.as_mut() else {
                 return match self.buffered {
                     0 => Ok(None),
                     n => Err(Status::internal(format!(
                         "the stream ended inside a message ({n} bytes left over)"
                     ))),
                 };
-            }
-            match self.body.get_mut().frame().await {
-                Some(Ok(f)) => match f.into_data() {
-                    Ok(data) => {
-                        self.buffered += data.len();
-                        self.frames.push_back(data);
-                    }
-                    Err(f) => {
-                        if let Some(trailers) = f.trailers_ref() {
-                            if let Some(s) = Status::from_header_map(trailers) {
-                                if s.code() != tonic::Code::Ok {
-                                    return Err(s);
-                                }
-                            }
+            };
+            match body.data().await {
+                Some(Ok(data)) => {
+                    // The window reopens as frames arrive, as hyper does: what bounds the
+                    // bytes in flight is the reader's own read-ahead.
+                    let _ = body.flow_control().release_capacity(data.len());
+                    self.buffered += data.len();
+                    self.frames.push_back(data);
+                }
+                Some(Err(e)) => return Err(h2_status(e)),
+                None => {
+                    let trailers = body.trailers().await.map_err(h2_status)?;
+                    if let Some(s) = trailers.as_ref().and_then(Status::from_header_map) {
+                        if s.code() != tonic::Code::Ok {
+                            return Err(s);
                         }
-                        self.ended = true;
                     }
-                },
-                Some(Err(s)) => return Err(s),
-                None => self.ended = true,
+                    self.body = None;
+                }
             }
         }
     }
@@ -175,6 +211,14 @@ impl Responses {
     fn advance(&mut self, n: usize) {
         self.buffered -= n;
         drop_front(&mut self.frames, n);
+    }
+}
+
+/// A broken stream or connection as the status a call ends with.
+fn h2_status(e: h2::Error) -> Status {
+    match e.reason() {
+        Some(h2::Reason::CANCEL) => Status::cancelled(format!("BidiReadObject: {e}")),
+        _ => Status::unavailable(format!("BidiReadObject: {e}")),
     }
 }
 
@@ -264,10 +308,9 @@ mod tests {
     fn received(wire: &[u8], size: usize) -> Responses {
         let frames: VecDeque<Bytes> = wire.chunks(size).map(Bytes::copy_from_slice).collect();
         Responses {
-            body: SyncWrapper::new(Body::empty()),
+            body: None,
             buffered: wire.len(),
             frames,
-            ended: true,
         }
     }
 
@@ -311,10 +354,9 @@ mod tests {
         ];
         for frames in layouts {
             let mut r = Responses {
-                body: SyncWrapper::new(Body::empty()),
+                body: None,
                 buffered: wire.len(),
                 frames: frames.into(),
-                ended: true,
             };
             let m = r.message().await.unwrap().unwrap();
             let content = &m.object_data_ranges[0]

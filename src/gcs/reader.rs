@@ -23,7 +23,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::Status;
 
 /// The wire limit of ranges in one request message.
@@ -325,7 +324,7 @@ impl StreamState {
 
 /// The live stream: its request sender and response receiver.
 struct Conn {
-    tx: mpsc::UnboundedSender<BidiReadObjectRequest>,
+    tx: read_stream::Requests,
     rx: read_stream::Responses,
 }
 
@@ -374,20 +373,19 @@ impl Session {
         spec: BidiReadObjectSpec,
         ranges: Vec<ReadRange>,
     ) -> std::result::Result<Conn, Status> {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let _ = tx.send(BidiReadObjectRequest {
+        let first = BidiReadObjectRequest {
             read_object_spec: Some(spec),
             read_ranges: ranges,
-        });
+        };
         let opening = read_stream::open(
-            self.client.channel(),
+            self.client.streams(),
             &self.bucket,
             self.routing_token.as_deref(),
-            UnboundedReceiverStream::new(rx),
+            &first,
         );
         let timeout = Duration::from_millis(self.client.config().call_timeout_ms);
         match tokio::time::timeout(timeout, opening).await {
-            Ok(Ok(rx)) => Ok(Conn { tx, rx }),
+            Ok(Ok((tx, rx))) => Ok(Conn { tx, rx }),
             Ok(Err(s)) => Err(s),
             Err(_) => Err(Status::deadline_exceeded("stream open timed out")),
         }
@@ -525,7 +523,9 @@ impl Session {
 
     /// Asks for every unsent range, at most 100 per message.
     fn send_unsent(&mut self) {
-        let Some(conn) = &self.conn else { return };
+        let Some(conn) = self.conn.as_mut() else {
+            return;
+        };
         if self.unsent.is_empty() {
             return;
         }
@@ -543,7 +543,7 @@ impl Session {
                 read_ranges,
             };
             // A closed sender means the stream is gone; its error arrives on the response side.
-            let _ = conn.tx.send(msg);
+            let _ = conn.tx.send(&msg);
         }
     }
 
