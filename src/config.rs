@@ -56,8 +56,8 @@ pub struct GcsConfig {
     pub max_backoff_ms: u64,
     /// A read stream with ranges outstanding that receives nothing for this long is reconnected, in milliseconds.
     pub stall_timeout_ms: u64,
-    /// HTTP/2 connections per client for its calls and write streams, and as many again for
-    /// its read streams; each kind is spread over its connections round robin.
+    /// HTTP/2 connections per client for its unary calls, and as many again for its bidi read
+    /// and write streams; each kind is spread over its connections round robin.
     pub connections: usize,
     /// Initial HTTP/2 flow-control window of each stream, in KiB.
     pub stream_window_kb: u32,

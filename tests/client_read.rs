@@ -281,9 +281,17 @@ fn reads_go_on_after_the_server_restarts_on_the_same_address() {
     drop(emu);
     let second_rt = server();
     let emu = second_rt.block_on(async {
-        let emu = Emulator::start(options(Faults::default()), addr)
-            .await
-            .expect("a new emulator on the same address");
+        // The dead runtime lets go of its listener in the background.
+        let started = Instant::now();
+        let emu = loop {
+            match Emulator::start(options(Faults::default()), addr).await {
+                Ok(emu) => break emu,
+                Err(e) if started.elapsed() > Duration::from_secs(10) => {
+                    panic!("no new emulator on {addr}: {e:#}")
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        };
         emu.create_bucket(BUCKET).unwrap();
         emu
     });

@@ -1,5 +1,5 @@
-//! Builds the tonic HTTP/2 connections of a `Client` (its unary calls and write streams;
-//! read streams run on `direct`'s): one tonic `Endpoint` per configured connection, with large flow-control windows (a single bidi read stream must be able to
+//! Builds the tonic HTTP/2 connections of a `Client` (its unary calls; the bidi streams run
+//! on `direct`'s): one tonic `Endpoint` per configured connection, with large flow-control windows (a single bidi read stream must be able to
 //! fill a fast link), `TCP_NODELAY`, HTTP/2 keep-alive, 16 MiB frames; `https://` uses TLS
 //! with the system's trust store plus an optional CA file (`gcs.ca_file`), and
 //! `tls_connector` gives `direct` the same trust. Touches only the transports (credentials

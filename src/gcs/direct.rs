@@ -1,9 +1,9 @@
-//! The HTTP/2 connections the bidi read streams run on, driven through `h2` itself rather
-//! than through tonic's `Channel`. A stream open goes from the caller straight to the
+//! The HTTP/2 connections the bidi read and write streams run on, driven through `h2` itself
+//! rather than through tonic's `Channel`. A stream open goes from the caller straight to the
 //! connection's task, and every request message the caller sends is handed to that task
 //! directly: tonic's channel passes each open through a buffer task first, and hyper pumps a
-//! streaming request body through a task of its own, so every small read paid two more
-//! thread hand-offs. Each connection of the pool is dialled on first use and again after it
+//! streaming request body through a task of its own, so every small file paid two more
+//! thread hand-offs per call. Each connection of the pool is dialled on first use and again after it
 //! fails (the next open finds it closed); keep-alive pings close one that stops answering.
 //! TLS for `https://` endpoints uses the system's trust store plus `gcs.ca_file`, as
 //! `channel` does. Touches only the sockets and the credentials (`auth`).

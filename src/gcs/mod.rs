@@ -14,10 +14,10 @@ mod folders;
 mod meta;
 mod ranges;
 mod read_once;
-mod read_stream;
 mod reader;
 mod retry;
 mod routing;
+mod stream;
 mod unary;
 mod upload;
 mod writer;
@@ -87,7 +87,7 @@ struct Inner {
     channels: Vec<AuthChannel>,
     next: AtomicUsize,
     auth: Auth,
-    /// The connections the bidi read streams run on, driven directly (`direct`).
+    /// The connections the bidi read and write streams run on, driven directly (`direct`).
     streams: direct::Pool,
 }
 
@@ -126,7 +126,7 @@ impl Client {
             .max_encoding_message_size(MAX_MESSAGE_BYTES)
     }
 
-    /// The directly driven connections the bidi read streams open on.
+    /// The directly driven connections the bidi read and write streams open on.
     fn streams(&self) -> &direct::Pool {
         &self.inner.streams
     }

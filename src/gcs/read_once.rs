@@ -6,7 +6,7 @@
 //! Every chunk passes the same checks as on a `BidiReader` (CRC32C, offset, bounds).
 
 use super::ranges::{joined, BadChunk, RangeTable};
-use super::{bucket_path, object_url, read_stream, retry, Client, Error, Result};
+use super::{bucket_path, object_url, retry, stream, Client, Error, Result};
 use crate::proto::storage::{BidiReadObjectRequest, BidiReadObjectSpec, ReadRange};
 use bytes::Bytes;
 use std::sync::atomic::AtomicUsize;
@@ -44,17 +44,17 @@ impl Client {
         };
         // The request side stays open while the range is read (a half-close could end the
         // ranges still being served) and ends with `_requests`, when this call returns.
-        let opening = read_stream::open(self.streams(), bucket, None, &first);
+        let opening = stream::read(self.streams(), bucket, None, &first);
         let timeout = Duration::from_millis(self.config().call_timeout_ms);
         let stall = Duration::from_millis(self.config().stall_timeout_ms.max(1));
-        let (_requests, mut stream) = match tokio::time::timeout(timeout, opening).await {
+        let (_requests, mut responses) = match tokio::time::timeout(timeout, opening).await {
             Ok(Ok(opened)) => opened,
             Ok(Err(s)) => return Err(retry::map_status(&s, &what)),
             Err(_) => return Err(Error::Unavailable(format!("{what}: stream open timed out"))),
         };
         crate::metrics::stream("read", crate::metrics::StreamEvent::Opened);
         while !ranges.is_empty() {
-            let resp = match tokio::time::timeout(stall, stream.message()).await {
+            let resp = match tokio::time::timeout(stall, responses.message()).await {
                 Ok(Ok(Some(resp))) => resp,
                 Ok(Ok(None)) => {
                     return Err(Error::Unavailable(format!(

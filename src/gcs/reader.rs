@@ -10,7 +10,7 @@
 
 use super::ranges::{joined, BadChunk, RangeTable, Sink};
 use super::retry::{self, Backoff};
-use super::{bucket_path, object_url, read_stream, Client, Error, ObjectMeta, Result};
+use super::{bucket_path, object_url, stream, Client, Error, ObjectMeta, Result};
 use crate::proto::storage::{
     BidiReadHandle, BidiReadObjectRedirectedError, BidiReadObjectRequest, BidiReadObjectResponse,
     BidiReadObjectSpec, ReadRange,
@@ -324,8 +324,8 @@ impl StreamState {
 
 /// The live stream: its request sender and response receiver.
 struct Conn {
-    tx: read_stream::Requests,
-    rx: read_stream::Responses,
+    tx: stream::Requests<BidiReadObjectRequest>,
+    rx: stream::Responses<BidiReadObjectResponse>,
 }
 
 /// The task's state: the stream, the ranges, and what a reconnect needs.
@@ -377,7 +377,7 @@ impl Session {
             read_object_spec: Some(spec),
             read_ranges: ranges,
         };
-        let opening = read_stream::open(
+        let opening = stream::read(
             self.client.streams(),
             &self.bucket,
             self.routing_token.as_deref(),

@@ -12,9 +12,10 @@
 //! Touches only its own stream and the file it is given (read only).
 
 use super::retry::{self, Backoff};
+use super::stream::{self, Requests};
 use super::writer::Fail;
 use super::writer::MAX_CHUNK;
-use super::{object_url, routing, Client, Error, ObjectMeta, Result};
+use super::{object_url, Client, Error, ObjectMeta, Result};
 use crate::proto::storage::{
     bidi_write_object_request::{Data, FirstMessage},
     bidi_write_object_response::WriteStatus,
@@ -26,12 +27,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
-
-/// Request messages queued towards the stream (each up to 2 MiB) before reading waits.
-const SEND_QUEUE: usize = 4;
 
 /// What an upload sends.
 #[derive(Clone)]
@@ -134,25 +130,27 @@ impl Client {
     ) -> std::result::Result<ObjectMeta, Fail> {
         let what = object_url(bucket, object);
         let len = source.len();
-        let (tx, rx) = mpsc::channel(SEND_QUEUE);
         let spec = WriteObjectSpec {
             object_size: i64::try_from(len).ok(),
             ..super::write_spec(bucket, object, if_generation_match, metadata.clone())
         };
-        // The service reads the first message before it answers the call: queue it first.
-        let _ = tx.try_send(BidiWriteObjectRequest {
+        let first = BidiWriteObjectRequest {
             first_message: Some(FirstMessage::WriteObjectSpec(spec)),
             write_offset: 0,
             ..Default::default()
-        });
-        let req =
-            routing::request(ReceiverStream::new(rx), bucket, None, None).map_err(Fail::Fatal)?;
-        let producer = tokio::spawn(send(source.clone(), tx));
+        };
         let cfg = self.config();
+        let opened = tokio::time::timeout(
+            Duration::from_millis(cfg.call_timeout_ms),
+            stream::write(self.streams(), bucket, None, &first),
+        );
+        let (tx, mut rx) = match opened.await {
+            Ok(r) => r?,
+            Err(_) => return Err(Status::deadline_exceeded("upload stream open timed out").into()),
+        };
+        let producer = tokio::spawn(send(source.clone(), tx));
         let wait = Duration::from_millis(cfg.call_timeout_ms + cfg.stall_timeout_ms);
-        let mut stub = self.stub();
         let answered = async {
-            let mut rx = stub.bidi_write_object(req).await?.into_inner();
             loop {
                 match tokio::time::timeout(wait, rx.message()).await {
                     Err(_) => return Err(Status::deadline_exceeded("upload: no answer")),
@@ -199,7 +197,7 @@ impl Client {
 /// Sends the bytes of `source` as data messages, the last one with `finish_write` and the
 /// whole-object CRC32C; returns that CRC32C. Stops quietly when the stream goes away (the
 /// call reports why).
-async fn send(source: Source, tx: mpsc::Sender<BidiWriteObjectRequest>) -> Result<u32> {
+async fn send(source: Source, mut tx: Requests<BidiWriteObjectRequest>) -> Result<u32> {
     let len = source.len();
     let mut crc = 0u32;
     let mut offset = 0u64;
@@ -225,7 +223,7 @@ async fn send(source: Source, tx: mpsc::Sender<BidiWriteObjectRequest>) -> Resul
             }),
             ..Default::default()
         };
-        if tx.send(msg).await.is_err() {
+        if tx.ready().await.is_err() || tx.send(&msg).is_err() {
             return Ok(crc);
         }
         offset += n as u64;

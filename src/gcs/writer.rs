@@ -10,7 +10,7 @@
 
 use super::buffer::Unpersisted;
 use super::retry::{self, Backoff};
-use super::{bucket_path, object_url, routing, Client, Error, ObjectMeta, Result};
+use super::{bucket_path, object_url, stream, Client, Error, ObjectMeta, Result};
 use crate::proto::storage::{
     bidi_write_object_request::{Data, FirstMessage},
     bidi_write_object_response::WriteStatus,
@@ -20,16 +20,11 @@ use crate::proto::storage::{
 use bytes::Bytes;
 use futures::FutureExt;
 use std::time::Duration;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
-use tonic::codec::Streaming;
 use tonic::{Code, Status};
 
 /// The wire limit of one data message.
 pub(crate) const MAX_CHUNK: usize = 2 * 1024 * 1024;
 const REDIRECT_TYPE: &str = "google.storage.v2.BidiWriteObjectRedirectedError";
-/// Request messages queued towards the HTTP/2 stream before `append` waits.
-const SEND_QUEUE: usize = 8;
 
 /// Why an attempt failed: the stream (worth a reconnect, maybe) or for good. Shared by the
 /// appendable writer and the whole-file upload.
@@ -49,8 +44,8 @@ impl From<Status> for Fail {
 type Attempt<T> = std::result::Result<T, Fail>;
 
 struct Conn {
-    tx: mpsc::Sender<BidiWriteObjectRequest>,
-    rx: Streaming<BidiWriteObjectResponse>,
+    tx: stream::Requests<BidiWriteObjectRequest>,
+    rx: stream::Responses<BidiWriteObjectResponse>,
 }
 
 /// One BidiWriteObject session on an appendable object. Keeps every unpersisted byte;
@@ -256,32 +251,28 @@ impl AppendWriter {
     async fn open(&mut self, first: FirstMessage, reopen: bool) -> Attempt<()> {
         crate::metrics::stream("write", crate::metrics::StreamEvent::from_reopen(reopen));
         let write_offset = self.persisted;
-        let (tx, rx) = mpsc::channel(SEND_QUEUE);
         let msg = BidiWriteObjectRequest {
             first_message: Some(first),
             write_offset: write_offset as i64,
             ..Default::default()
         };
-        let _ = tx.try_send(msg);
-        let req = routing::request(
-            ReceiverStream::new(rx),
-            &self.bucket,
-            self.routing_token.as_deref(),
-            None,
-        )
-        .map_err(Fail::Fatal)?;
         let timeout = Duration::from_millis(self.client.config().call_timeout_ms);
-        let mut stub = self.client.stub();
         let opened = async {
-            let mut rx = stub.bidi_write_object(req).await?.into_inner();
+            let (tx, mut rx) = stream::write(
+                self.client.streams(),
+                &self.bucket,
+                self.routing_token.as_deref(),
+                &msg,
+            )
+            .await?;
             match rx.message().await? {
-                Some(first) => Ok((rx, first)),
+                Some(first) => Ok((tx, rx, first)),
                 None => Err(Status::unavailable(
                     "write stream ended before its first answer",
                 )),
             }
         };
-        let (rx, first) = match tokio::time::timeout(timeout, opened).await {
+        let (tx, rx, first) = match tokio::time::timeout(timeout, opened).await {
             Ok(r) => r?,
             Err(_) => return Err(Status::deadline_exceeded("write stream open timed out").into()),
         };
@@ -392,14 +383,9 @@ impl AppendWriter {
                 return Err(Status::unavailable("no write stream").into());
             };
             let resp = tokio::select! {
-                permit = conn.tx.reserve() => {
-                    return match permit {
-                        Ok(p) => {
-                            p.send(msg);
-                            Ok(())
-                        }
-                        Err(_) => Err(Status::unavailable("write stream closed").into()),
-                    };
+                ready = conn.tx.ready() => {
+                    ready?;
+                    return Ok(conn.tx.send(&msg)?);
                 }
                 resp = conn.rx.message() => resp,
             };

@@ -1,66 +1,129 @@
-//! A `BidiReadObject` call on a directly driven HTTP/2 stream (`direct`): requests are
-//! framed as gRPC messages and handed to the connection as they are sent, and responses are
-//! decoded straight out of the received HTTP/2 DATA frames. tonic's `Streaming` first copies
-//! every frame into a buffer of its own; here a payload that lies within one frame (a server
-//! may send it in a frame of its own, or its whole message in one frame of up to our
-//! `max_frame_size`) is decoded in place, so it reaches the FUSE reply as a slice of the
-//! bytes read off the socket. Only a field that straddles frames is copied, as tonic would.
-//! Touches only the call it opens.
+//! A bidi gRPC call (`BidiReadObject`, `BidiWriteObject`) on a directly driven HTTP/2
+//! stream (`direct`): requests are framed as gRPC messages and handed to the connection as
+//! they are sent, and responses are decoded straight out of the received HTTP/2 DATA frames.
+//! tonic's `Streaming` first copies every frame into a buffer of its own; here a payload
+//! that lies within one frame (a server may send it in a frame of its own, or its whole
+//! message in one frame of up to our `max_frame_size`) is decoded in place, so a read
+//! reaches the FUSE reply as a slice of the bytes read off the socket. Only a field that
+//! straddles frames is copied, as tonic would. Touches only the call it opens.
 
 use super::direct::Pool;
 use super::{routing, MAX_MESSAGE_BYTES};
-use crate::proto::storage::{BidiReadObjectRequest, BidiReadObjectResponse};
+use crate::proto::storage::{
+    BidiReadObjectRequest, BidiReadObjectResponse, BidiWriteObjectRequest, BidiWriteObjectResponse,
+};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use prost::Message;
 use std::collections::VecDeque;
+use std::marker::PhantomData;
+use std::task::Poll;
+use std::time::Instant;
 use tonic::Status;
 
-/// The gRPC method path.
-const PATH: &str = "/google.storage.v2.Storage/BidiReadObject";
+/// The method paths of the calls made here.
+const READ: &str = "/google.storage.v2.Storage/BidiReadObject";
+const WRITE: &str = "/google.storage.v2.Storage/BidiWriteObject";
 /// Bytes before every gRPC message: a compression flag and a big-endian length.
 const PREFIX: usize = 5;
 
-/// Opens the call on `pool` with `first` as its first message; the routing header names
-/// `bucket` (and `routing_token` after a redirect). Resolves once the response headers are
-/// in.
-pub(crate) async fn open(
+/// Opens a `BidiReadObject` call (see `open`).
+pub(crate) async fn read(
     pool: &Pool,
     bucket: &str,
     routing_token: Option<&str>,
     first: &BidiReadObjectRequest,
-) -> Result<(Requests, Responses), Status> {
-    let start = std::time::Instant::now();
-    let opened = open_call(pool, bucket, routing_token, first).await;
-    let code = match &opened {
-        Ok(_) => tonic::Code::Ok,
+) -> Result<
+    (
+        Requests<BidiReadObjectRequest>,
+        Responses<BidiReadObjectResponse>,
+    ),
+    Status,
+> {
+    open(pool, READ, bucket, routing_token, first).await
+}
+
+/// Opens a `BidiWriteObject` call (see `open`).
+pub(crate) async fn write(
+    pool: &Pool,
+    bucket: &str,
+    routing_token: Option<&str>,
+    first: &BidiWriteObjectRequest,
+) -> Result<
+    (
+        Requests<BidiWriteObjectRequest>,
+        Responses<BidiWriteObjectResponse>,
+    ),
+    Status,
+> {
+    open(pool, WRITE, bucket, routing_token, first).await
+}
+
+/// Opens the call `path` on `pool` with `first` as its first message; the routing header
+/// names `bucket` (and `routing_token` after a redirect). Resolves once the stream is open
+/// for sending: the response headers are awaited by the first `message`, since a server may
+/// hold them back until it has something to answer (after a whole upload, say).
+async fn open<Req: Message, Resp: Message + Default>(
+    pool: &Pool,
+    path: &'static str,
+    bucket: &str,
+    routing_token: Option<&str>,
+    first: &Req,
+) -> Result<(Requests<Req>, Responses<Resp>), Status> {
+    let start = Instant::now();
+    let method = crate::metrics::grpc_method(path);
+    let opened = async {
+        let mut headers = http::HeaderMap::new();
+        let params =
+            http::HeaderValue::try_from(routing::params(bucket, routing_token)).map_err(|e| {
+                Status::invalid_argument(format!("bucket name not usable in a header: {e}"))
+            })?;
+        headers.insert(routing::HEADER, params);
+        let (response, send) = pool.open(path, headers).await?;
+        let mut requests = Requests {
+            send,
+            method,
+            _messages: PhantomData,
+        };
+        requests.send(first)?;
+        Ok::<_, Status>((requests, response))
+    };
+    match opened.await {
+        Ok((requests, response)) => Ok((
+            requests,
+            Responses {
+                body: Body::Waiting(response, start),
+                method,
+                frames: VecDeque::new(),
+                buffered: 0,
+                _messages: PhantomData,
+            },
+        )),
+        Err(s) => {
+            record_open(method, start, &Err(s.clone()));
+            Err(s)
+        }
+    }
+}
+
+/// Counts the call in the metrics once its opening is known (answered or refused).
+fn record_open(method: &'static str, start: Instant, outcome: &Result<(), Status>) {
+    let code = match outcome {
+        Ok(()) => tonic::Code::Ok,
         Err(s) => s.code(),
     };
     crate::metrics::grpc_call(
-        crate::metrics::grpc_method(PATH),
+        method,
         start.elapsed(),
         crate::metrics::grpc_code(code as i32),
     );
-    opened
 }
 
-async fn open_call(
-    pool: &Pool,
-    bucket: &str,
-    routing_token: Option<&str>,
-    first: &BidiReadObjectRequest,
-) -> Result<(Requests, Responses), Status> {
-    let mut headers = http::HeaderMap::new();
-    let params =
-        http::HeaderValue::try_from(routing::params(bucket, routing_token)).map_err(|e| {
-            Status::invalid_argument(format!("bucket name not usable in a header: {e}"))
-        })?;
-    headers.insert(routing::HEADER, params);
-    let (response, mut send) = pool.open(PATH, headers).await?;
-    send.send_data(frame(first), false)
-        .map_err(|e| Status::unavailable(format!("BidiReadObject: {e}")))?;
-    let resp = response
-        .await
-        .map_err(|e| Status::unavailable(format!("BidiReadObject: {e}")))?;
+/// The call's answer to its opening: the HTTP/2 stream, or the status it was refused with.
+fn accepted(
+    method: &str,
+    resp: Result<http::Response<h2::RecvStream>, h2::Error>,
+) -> Result<h2::RecvStream, Status> {
+    let resp = resp.map_err(|e| h2_status(method, e))?;
     // A call refused at once carries its status in the headers ("trailers only").
     if let Some(s) = Status::from_header_map(resp.headers()) {
         if s.code() != tonic::Code::Ok {
@@ -69,45 +132,63 @@ async fn open_call(
     }
     if resp.status() != http::StatusCode::OK {
         return Err(Status::unavailable(format!(
-            "BidiReadObject answered HTTP {}",
+            "{method} answered HTTP {}",
             resp.status()
         )));
     }
-    Ok((
-        Requests { send },
-        Responses {
-            body: Some(resp.into_body()),
-            frames: VecDeque::new(),
-            buffered: 0,
-        },
-    ))
+    Ok(resp.into_body())
 }
 
-/// The request side of an open call. It stays open while ranges are read (a half-close
-/// could end the ranges still being served); dropping it half-closes the call, and dropping
-/// the `Responses` too releases the stream at both ends.
-pub(crate) struct Requests {
+/// The request side of an open call. It stays open while the call runs (a half-close could
+/// end the ranges still being served); dropping it half-closes the call, and dropping the
+/// `Responses` too releases the stream at both ends.
+pub(crate) struct Requests<Req> {
     send: h2::SendStream<Bytes>,
+    method: &'static str,
+    _messages: PhantomData<fn(&Req)>,
 }
 
-impl Drop for Requests {
+impl<Req> Drop for Requests<Req> {
     fn drop(&mut self) {
         let _ = self.send.send_data(Bytes::new(), true);
     }
 }
 
-impl Requests {
-    /// Sends `m` on the stream; the connection's task writes it out. Fails once the stream
-    /// is gone, which the response side reports too.
-    pub(crate) fn send(&mut self, m: &BidiReadObjectRequest) -> Result<(), Status> {
+impl<Req: Message> Requests<Req> {
+    /// Sends `m` on the stream at once; the connection's task writes it out. Fails once the
+    /// stream is gone, which the response side reports too.
+    pub(crate) fn send(&mut self, m: &Req) -> Result<(), Status> {
         self.send
             .send_data(frame(m), false)
-            .map_err(|e| Status::unavailable(format!("BidiReadObject: {e}")))
+            .map_err(|e| h2_status(self.method, e))
+    }
+
+    /// Waits until the stream can take another message without piling up more than h2's
+    /// send buffer: what a writer awaits before each `send`, for back-pressure.
+    pub(crate) async fn ready(&mut self) -> Result<(), Status> {
+        self.send.reserve_capacity(1);
+        std::future::poll_fn(|cx| loop {
+            if self.send.capacity() > 0 {
+                return Poll::Ready(Ok(()));
+            }
+            match self.send.poll_capacity(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Some(Ok(_))) => {}
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(h2_status(self.method, e))),
+                Poll::Ready(None) => {
+                    return Poll::Ready(Err(Status::unavailable(format!(
+                        "{}: the stream is closed",
+                        self.method
+                    ))))
+                }
+            }
+        })
+        .await
     }
 }
 
 /// `m` as one gRPC message: uncompressed flag, length, bytes.
-fn frame(m: &BidiReadObjectRequest) -> Bytes {
+fn frame(m: &impl Message) -> Bytes {
     let len = m.encoded_len();
     let mut buf = BytesMut::with_capacity(PREFIX + len);
     buf.put_u8(0);
@@ -117,29 +198,53 @@ fn frame(m: &BidiReadObjectRequest) -> Bytes {
     buf.freeze()
 }
 
+/// Where the response side of a call is.
+enum Body {
+    /// Waiting for the response headers, since the call was opened at the instant given.
+    Waiting(h2::client::ResponseFuture, Instant),
+    /// Receiving.
+    Open(h2::RecvStream),
+    /// Ended with status OK.
+    Ended,
+}
+
 /// The response side of an open call.
-pub(crate) struct Responses {
-    /// The received stream; `None` once it ended with status OK.
-    body: Option<h2::RecvStream>,
+pub(crate) struct Responses<Resp> {
+    body: Body,
+    method: &'static str,
     /// Received DATA frames not yet decoded, oldest first.
     frames: VecDeque<Bytes>,
     buffered: usize,
+    _messages: PhantomData<fn() -> Resp>,
 }
 
-impl Responses {
+impl<Resp: Message + Default> Responses<Resp> {
     /// The next response; `None` once the call ended with status OK.
-    pub(crate) async fn message(&mut self) -> Result<Option<BidiReadObjectResponse>, Status> {
+    pub(crate) async fn message(&mut self) -> Result<Option<Resp>, Status> {
         loop {
             if let Some(m) = self.decode()? {
                 return Ok(Some(m));
             }
-            let Some(body) = self.body.as_mut() else {
-                return match self.buffered {
-                    0 => Ok(None),
-                    n => Err(Status::internal(format!(
-                        "the stream ended inside a message ({n} bytes left over)"
-                    ))),
-                };
+            let body = match &mut self.body {
+                Body::Open(body) => body,
+                Body::Waiting(response, start) => {
+                    let answer = accepted(self.method, response.await);
+                    record_open(
+                        self.method,
+                        *start,
+                        &answer.as_ref().map(|_| ()).map_err(Status::clone),
+                    );
+                    self.body = Body::Open(answer?);
+                    continue;
+                }
+                Body::Ended => {
+                    return match self.buffered {
+                        0 => Ok(None),
+                        n => Err(Status::internal(format!(
+                            "the stream ended inside a message ({n} bytes left over)"
+                        ))),
+                    }
+                }
             };
             match body.data().await {
                 Some(Ok(data)) => {
@@ -149,22 +254,25 @@ impl Responses {
                     self.buffered += data.len();
                     self.frames.push_back(data);
                 }
-                Some(Err(e)) => return Err(h2_status(e)),
+                Some(Err(e)) => return Err(h2_status(self.method, e)),
                 None => {
-                    let trailers = body.trailers().await.map_err(h2_status)?;
+                    let trailers = body
+                        .trailers()
+                        .await
+                        .map_err(|e| h2_status(self.method, e))?;
                     if let Some(s) = trailers.as_ref().and_then(Status::from_header_map) {
                         if s.code() != tonic::Code::Ok {
                             return Err(s);
                         }
                     }
-                    self.body = None;
+                    self.body = Body::Ended;
                 }
             }
         }
     }
 
     /// One whole message off the received frames, if they hold one.
-    fn decode(&mut self) -> Result<Option<BidiReadObjectResponse>, Status> {
+    fn decode(&mut self) -> Result<Option<Resp>, Status> {
         if self.buffered < PREFIX {
             return Ok(None);
         }
@@ -188,7 +296,7 @@ impl Responses {
             frames: &mut self.frames,
             left: len,
         };
-        let decoded = BidiReadObjectResponse::decode(body);
+        let decoded = Resp::decode(body);
         decoded
             .map(Some)
             .map_err(|e| Status::internal(format!("undecodable response: {e}")))
@@ -215,10 +323,10 @@ impl Responses {
 }
 
 /// A broken stream or connection as the status a call ends with.
-fn h2_status(e: h2::Error) -> Status {
+fn h2_status(method: &str, e: h2::Error) -> Status {
     match e.reason() {
-        Some(h2::Reason::CANCEL) => Status::cancelled(format!("BidiReadObject: {e}")),
-        _ => Status::unavailable(format!("BidiReadObject: {e}")),
+        Some(h2::Reason::CANCEL) => Status::cancelled(format!("{method}: {e}")),
+        _ => Status::unavailable(format!("{method}: {e}")),
     }
 }
 
@@ -305,12 +413,14 @@ mod tests {
     }
 
     /// `wire` as received in frames of `size` bytes, the body already ended.
-    fn received(wire: &[u8], size: usize) -> Responses {
+    fn received(wire: &[u8], size: usize) -> Responses<BidiReadObjectResponse> {
         let frames: VecDeque<Bytes> = wire.chunks(size).map(Bytes::copy_from_slice).collect();
         Responses {
-            body: None,
+            body: Body::Ended,
+            method: "test",
             buffered: wire.len(),
             frames,
+            _messages: PhantomData,
         }
     }
 
@@ -353,10 +463,12 @@ mod tests {
             ],
         ];
         for frames in layouts {
-            let mut r = Responses {
-                body: None,
+            let mut r = Responses::<BidiReadObjectResponse> {
+                body: Body::Ended,
+                method: "test",
                 buffered: wire.len(),
                 frames: frames.into(),
+                _messages: PhantomData,
             };
             let m = r.message().await.unwrap().unwrap();
             let content = &m.object_data_ranges[0]
