@@ -9,6 +9,7 @@
 
 use super::direct::Pool;
 use super::{routing, MAX_MESSAGE_BYTES};
+use crate::proto::storage::bidi_write_object_request::Data;
 use crate::proto::storage::{
     BidiReadObjectRequest, BidiReadObjectResponse, BidiWriteObjectRequest, BidiWriteObjectResponse,
 };
@@ -185,6 +186,52 @@ impl<Req: Message> Requests<Req> {
         })
         .await
     }
+}
+
+impl Requests<BidiWriteObjectRequest> {
+    /// Sends a write message whose data goes out as the writer's own buffer, shared rather
+    /// than copied into the message's encoding (see `write_frame`).
+    pub(crate) fn send_write(&mut self, m: BidiWriteObjectRequest) -> Result<(), Status> {
+        for piece in write_frame(m) {
+            self.send
+                .send_data(piece, false)
+                .map_err(|e| h2_status(self.method, e))?;
+        }
+        Ok(())
+    }
+}
+
+/// `m` as one gRPC message in pieces: the message without its data, then its
+/// `checksummed_data` field (4) around the content, which is not copied. Protobuf takes
+/// fields in any order, so the data may come last. Pieces of a message without data: one.
+fn write_frame(mut m: BidiWriteObjectRequest) -> Vec<Bytes> {
+    use prost::encoding::{encode_key, encode_varint, encoded_len_varint, WireType};
+    let Some(Data::ChecksummedData(data)) = m.data.take() else {
+        return vec![frame(&m)];
+    };
+    let content = data.content.len();
+    // content (field 1) and crc32c (field 2, fixed32) of ChecksummedData.
+    let crc_len = if data.crc32c.is_some() { 5 } else { 0 };
+    let data_len = 1 + encoded_len_varint(content as u64) + content + crc_len;
+    let rest = m.encoded_len();
+    let len = rest + 1 + encoded_len_varint(data_len as u64) + data_len;
+    let mut head = BytesMut::with_capacity(PREFIX + rest + 16);
+    head.put_u8(0);
+    head.put_u32(len as u32);
+    // Cannot fail: BytesMut grows.
+    let _ = m.encode(&mut head);
+    encode_key(4, WireType::LengthDelimited, &mut head);
+    encode_varint(data_len as u64, &mut head);
+    encode_key(1, WireType::LengthDelimited, &mut head);
+    encode_varint(content as u64, &mut head);
+    let mut pieces = vec![head.freeze(), data.content];
+    if let Some(crc) = data.crc32c {
+        let mut tail = BytesMut::with_capacity(crc_len);
+        encode_key(2, WireType::ThirtyTwoBit, &mut tail);
+        tail.put_u32_le(crc);
+        pieces.push(tail.freeze());
+    }
+    pieces
 }
 
 /// `m` as one gRPC message: uncompressed flag, length, bytes.
@@ -483,6 +530,46 @@ mod tests {
             );
             assert_eq!(r.message().await.unwrap(), None);
         }
+    }
+
+    #[test]
+    fn a_write_message_goes_out_whole_with_its_data_shared() {
+        use crate::proto::storage::ObjectChecksums;
+        let content = Bytes::from(vec![5u8; 300_000]);
+        for crc in [Some(0xdead_beef), None] {
+            let m = BidiWriteObjectRequest {
+                write_offset: 1 << 40,
+                data: Some(Data::ChecksummedData(ChecksummedData {
+                    content: content.clone(),
+                    crc32c: crc,
+                })),
+                finish_write: true,
+                object_checksums: Some(ObjectChecksums {
+                    crc32c: Some(7),
+                    md5_hash: Bytes::new(),
+                }),
+                ..Default::default()
+            };
+            let pieces = write_frame(m.clone());
+            assert_eq!(pieces[1].as_ptr(), content.as_ptr(), "the data was copied");
+            let wire: Vec<u8> = pieces.iter().flat_map(|p| p.iter().copied()).collect();
+            assert_eq!(wire, frame_bytes_of(&wire), "length prefix");
+            let got = BidiWriteObjectRequest::decode(&wire[PREFIX..]).unwrap();
+            assert_eq!(got, m);
+        }
+        let plain = BidiWriteObjectRequest {
+            flush: true,
+            ..Default::default()
+        };
+        assert_eq!(write_frame(plain.clone()), vec![frame(&plain)]);
+    }
+
+    /// `wire` checked against its own gRPC prefix: flag 0 and the length of what follows.
+    fn frame_bytes_of(wire: &[u8]) -> Vec<u8> {
+        assert_eq!(wire[0], 0);
+        let len = u32::from_be_bytes([wire[1], wire[2], wire[3], wire[4]]) as usize;
+        assert_eq!(len, wire.len() - PREFIX);
+        wire.to_vec()
     }
 
     #[tokio::test]

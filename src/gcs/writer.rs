@@ -385,7 +385,7 @@ impl AppendWriter {
             let resp = tokio::select! {
                 ready = conn.tx.ready() => {
                     ready?;
-                    return Ok(conn.tx.send(&msg)?);
+                    return Ok(conn.tx.send_write(msg)?);
                 }
                 resp = conn.rx.message() => resp,
             };
