@@ -67,8 +67,8 @@ impl Pool {
     }
 
     /// Opens a call of `path` on the next connection (round robin), with the credentials and
-    /// `headers` on it. Resolves once the server accepted the stream for sending; the response
-    /// headers come with the returned future.
+    /// `headers` on it. Resolves once the connection has room for another stream and the
+    /// request is queued on it; the response headers come with the returned future.
     pub(crate) async fn open(
         &self,
         path: &'static str,
