@@ -76,7 +76,7 @@ fn a_walk_of_a_large_directory_leaves_no_inode_per_file() {
     assert_eq!(listed.ino(), stat.ino(), "d_ino and st_ino agree");
 }
 
-/// Under a 1 MiB metadata cap (some 5,000 inodes at 200 bytes), a walk that stats 12,000
+/// Under a 1 MiB metadata cap (some 8,000 inodes at 128 bytes), a walk that stats 12,000
 /// files has the kernel drop the least recently looked up until the daemon holds no more
 /// than the cap; every file then still stats and reads right (looked up again).
 #[test]

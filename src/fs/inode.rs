@@ -9,8 +9,11 @@
 //! generation, larger size) keep the inode. A symbolic link is an object too (see
 //! `gcs::Symlink`), pinned the same way, so its target never changes under its inode. An
 //! inode lives while the kernel holds lookups on it; `forget` drops it when the count reaches
-//! zero. The root is never forgotten.
+//! zero. The root is never forgotten. An inode is one allocation with its key inline
+//! (`inode_alloc`); the table finds it by number, and by key through the number the key
+//! hashes to.
 
+use super::inode_alloc::Shared;
 use crate::gcs;
 use hashbrown::HashTable;
 use std::hash::BuildHasher;
@@ -103,21 +106,13 @@ impl From<&crate::gcs::ObjectMeta> for ObjMeta {
     }
 }
 
-/// One inode: fixed kind, a key that follows renames, changing state.
-#[derive(Debug)]
-pub struct Inode {
-    /// Inode number given to the kernel.
-    pub ino: u64,
-    /// File or directory.
-    pub kind: Kind,
-    state: Mutex<InodeState>,
-}
+/// One inode: fixed number and kind (`ino`, `kind`), a key that follows renames, changing
+/// state. A handle: clones share the inode.
+pub type Inode = Shared<Mutex<InodeState>>;
 
+/// What changes over an inode's life.
 #[derive(Debug)]
-struct InodeState {
-    /// Object key (file) or prefix ending in `/` (directory; empty for the bucket root).
-    /// Changes on rename: the kernel keeps using this inode under its new name.
-    key: Box<str>,
+pub struct InodeState {
     lookups: u64,
     /// The last fetched metadata, or generation 0 when none was: no object has generation
     /// 0 (the service's are positive), and an `Option` would cost 8 bytes more.
@@ -136,6 +131,10 @@ struct Extra {
     opened_at: u64,
     /// A symbolic link's target, once known.
     target: Option<Arc<str>>,
+    /// The object key (file) or prefix ending in `/` (directory) after a rename, when it
+    /// differs from the key the inode was created with: the kernel keeps using the inode
+    /// under its new name.
+    renamed_to: Option<Box<str>>,
 }
 
 /// The metadata of an inode nothing was fetched for yet.
@@ -146,9 +145,8 @@ const UNKNOWN: ObjMeta = ObjMeta {
 };
 
 impl InodeState {
-    fn new(key: Box<str>, lookups: u64) -> Self {
+    fn new(lookups: u64) -> Self {
         InodeState {
-            key,
             lookups,
             meta: UNKNOWN,
             checked: 0,
@@ -189,9 +187,31 @@ impl Inode {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The object key (file) or prefix ending in `/` (directory) this inode stands for now.
+    /// The object key (file) or prefix ending in `/` (directory; empty for the bucket root)
+    /// this inode stands for now.
     pub fn key(&self) -> String {
-        self.state().key.to_string()
+        self.with_key(str::to_string)
+    }
+
+    /// `f` of the inode's key now, without a copy.
+    fn with_key<T>(&self, f: impl FnOnce(&str) -> T) -> T {
+        let s = self.state();
+        match s.extra.as_ref().and_then(|e| e.renamed_to.as_deref()) {
+            Some(renamed) => f(renamed),
+            None => f(self.first_key()),
+        }
+    }
+
+    /// Gives the inode its key after a rename.
+    fn rename_to(&self, key: &str) {
+        let mut s = self.state();
+        if key == self.first_key() {
+            if let Some(e) = s.extra.as_mut() {
+                e.renamed_to = None;
+            }
+        } else {
+            s.extra().renamed_to = Some(key.into());
+        }
     }
 
     /// A symbolic link's target, if known yet.
@@ -275,17 +295,19 @@ pub struct InodeTable {
     tables: Mutex<Tables>,
 }
 
-/// The table's two indexes hold the inodes themselves (8 bytes a slot, where maps of numbers
-/// and keys took 16 and 24): the index by key hashes each inode's current key, read under the
-/// inode's lock, which is only ever taken after the table's.
+/// One index holds every inode (8 bytes a slot): nearly every inode's number is the hash of
+/// its key (`hashed_ino`), so a key is found by its number. The few named inodes whose number
+/// is not their key's hash (renamed, or numbered past a collision or an older generation)
+/// are indexed by key apart. An inode is named while its current key leads to it; a key
+/// leads to at most one inode. Each inode's lock is only ever taken after the table's.
 #[derive(Debug)]
 struct Tables {
-    by_ino: HashTable<Arc<Inode>>,
-    /// By key alone: a directory's key ends in `/` (or is the root's); a file's or a link's never does.
-    by_key: HashTable<Arc<Inode>>,
+    by_ino: HashTable<Inode>,
+    /// Named inodes whose number is not `hashed_ino` of their current key, by key.
+    odd_names: HashTable<Inode>,
     next_ino: u64,
     /// SipHash, the standard one, was a tenth of a walk's daemon CPU (every readdirplus entry
-    /// is hashed twice); foldhash is seeded per process too.
+    /// is hashed); foldhash is seeded per process too.
     hasher: foldhash::fast::RandomState,
 }
 
@@ -298,54 +320,66 @@ impl Tables {
         self.hasher.hash_one(key)
     }
 
-    fn by_ino(&self, ino: u64) -> Option<&Arc<Inode>> {
+    fn by_ino(&self, ino: u64) -> Option<&Inode> {
         self.by_ino.find(self.ino_hash(ino), |i| i.ino == ino)
     }
 
-    fn by_key(&self, key: &str) -> Option<&Arc<Inode>> {
-        self.by_key
-            .find(self.key_hash(key), |i| &*i.state().key == key)
+    fn by_key(&self, key: &str) -> Option<&Inode> {
+        let is_key = |i: &Inode| i.with_key(|k| k == key);
+        let by_number = self
+            .by_ino(hashed_ino(key))
+            .filter(|i| i.is_named() && is_key(i));
+        by_number.or_else(|| self.odd_names.find(self.key_hash(key), |i| is_key(i)))
     }
 
-    fn insert_by_ino(&mut self, inode: Arc<Inode>) {
+    fn insert_by_ino(&mut self, inode: Inode) {
         let hasher = self.hasher.clone();
         self.by_ino
             .insert_unique(self.ino_hash(inode.ino), inode, |i| hasher.hash_one(i.ino));
     }
 
     /// Makes `inode` the one its current key leads to, in place of any other.
-    fn index_by_key(&mut self, inode: Arc<Inode>) {
-        let hasher = self.hasher.clone();
-        let key = inode.state().key.clone();
-        let entry = self.by_key.entry(
-            self.key_hash(&key),
-            |i| i.state().key == key,
-            |i| hasher.hash_one(&*i.state().key),
-        );
-        match entry {
-            hashbrown::hash_table::Entry::Occupied(mut o) => *o.get_mut() = inode,
-            hashbrown::hash_table::Entry::Vacant(v) => {
-                v.insert(inode);
+    fn index_by_key(&mut self, inode: Inode) {
+        let key = inode.key();
+        self.unindex_key(&key);
+        inode.set_named(true);
+        if inode.ino != hashed_ino(&key) {
+            let hasher = self.hasher.clone();
+            self.odd_names
+                .insert_unique(self.key_hash(&key), inode, |i| {
+                    i.with_key(|k| hasher.hash_one(k))
+                });
+        }
+    }
+
+    /// The inode `key` leads to, which it then no longer does.
+    fn unindex_key(&mut self, key: &str) -> Option<Inode> {
+        let inode = self.by_key(key)?.clone();
+        self.unname(&inode, key);
+        Some(inode)
+    }
+
+    /// Marks `inode`, named by `key`, no longer named.
+    fn unname(&mut self, inode: &Inode, key: &str) {
+        inode.set_named(false);
+        if inode.ino != hashed_ino(key) {
+            let found = self
+                .odd_names
+                .find_entry(self.key_hash(key), |i| Inode::ptr_eq(i, inode));
+            if let Ok(entry) = found {
+                entry.remove();
             }
         }
     }
 
-    /// The inode `key` leads to, taken out of the index by key.
-    fn unindex_key(&mut self, key: &str) -> Option<Arc<Inode>> {
-        let found = self
-            .by_key
-            .find_entry(self.key_hash(key), |i| &*i.state().key == key);
-        found.ok().map(|o| o.remove().0)
-    }
-
-    /// Gives back the room of forgotten inodes once the indexes are mostly empty: a walk of a
-    /// large bucket grows them to millions of slots, and the kernel may forget all of it.
+    /// Gives back the room of forgotten inodes once the index is mostly empty: a walk of a
+    /// large bucket grows it to millions of slots, and the kernel may forget all of it.
     fn shrink_when_sparse(&mut self) {
         if self.by_ino.capacity() > 4 * self.by_ino.len() + 1024 {
             let hasher = self.hasher.clone();
             self.by_ino.shrink_to_fit(|i| hasher.hash_one(i.ino));
-            self.by_key
-                .shrink_to_fit(|i| hasher.hash_one(&*i.state().key));
+            self.odd_names
+                .shrink_to_fit(|i| i.with_key(|k| hasher.hash_one(k)));
         }
     }
 }
@@ -368,14 +402,10 @@ fn hashed_ino(key: &str) -> u64 {
 impl InodeTable {
     /// A table holding only the root, whose key is `root_key` (empty or ending in `/`).
     pub fn new(root_key: String) -> Self {
-        let root = Arc::new(Inode {
-            ino: ROOT_INO,
-            kind: Kind::Dir,
-            state: Mutex::new(InodeState::new(root_key.into_boxed_str(), 1)),
-        });
+        let root = Inode::new(ROOT_INO, Kind::Dir, &root_key, state(1));
         let mut tables = Tables {
             by_ino: HashTable::new(),
-            by_key: HashTable::new(),
+            odd_names: HashTable::new(),
             next_ino: ROOT_INO + 1,
             hasher: foldhash::fast::RandomState::default(),
         };
@@ -396,7 +426,7 @@ impl InodeTable {
     }
 
     /// The inode with this number, if the kernel still holds it.
-    pub fn get(&self, ino: u64) -> Option<Arc<Inode>> {
+    pub fn get(&self, ino: u64) -> Option<Inode> {
         self.tables().by_ino(ino).cloned()
     }
 
@@ -411,7 +441,7 @@ impl InodeTable {
     /// Finds or creates the inode of `key` and counts one kernel lookup on it; `meta`, when
     /// given, refreshes a file's metadata, and a newer generation than the inode's, or another
     /// kind (a file replaced by a link), gets a new inode.
-    pub fn lookup(&self, key: &str, kind: Kind, meta: Option<ObjMeta>) -> Arc<Inode> {
+    pub fn lookup(&self, key: &str, kind: Kind, meta: Option<ObjMeta>) -> Inode {
         self.lookup_as_of(key, kind, meta, Instant::now())
     }
 
@@ -422,7 +452,7 @@ impl InodeTable {
         kind: Kind,
         meta: Option<ObjMeta>,
         as_of: Instant,
-    ) -> Arc<Inode> {
+    ) -> Inode {
         debug_assert!(key_fits_kind(key, kind), "{key:?} as {kind:?}");
         let mut t = self.tables();
         let existing = t
@@ -444,11 +474,7 @@ impl InodeTable {
                         t.next_ino - 1
                     }
                 };
-                let inode = Arc::new(Inode {
-                    ino,
-                    kind,
-                    state: Mutex::new(InodeState::new(key.into(), 0)),
-                });
+                let inode = Inode::new(ino, kind, key, state(0));
                 t.insert_by_ino(inode.clone());
                 t.index_by_key(inode.clone());
                 inode
@@ -479,10 +505,8 @@ impl InodeTable {
         };
         if gone {
             let (inode, _) = found.remove();
-            let key = inode.state().key.clone();
-            let hash = t.key_hash(&key);
-            if let Ok(named) = t.by_key.find_entry(hash, |i| Arc::ptr_eq(i, &inode)) {
-                named.remove();
+            if inode.is_named() {
+                t.unname(&inode, &inode.key());
             }
             t.shrink_when_sparse();
         }
@@ -491,7 +515,7 @@ impl InodeTable {
 
     /// The keys of up to `n` files and links looked up least recently (oldest first): the
     /// ones to ask the kernel to let go of when it holds more inodes than the cap.
-    pub fn least_recent_files(&self, n: usize) -> Vec<Box<str>> {
+    pub fn least_recent_files(&self, n: usize) -> Vec<String> {
         let t = self.tables();
         // A bounded max-heap of (last lookup, number): the newest of the kept is on top.
         let mut oldest = std::collections::BinaryHeap::with_capacity(n + 1);
@@ -504,12 +528,12 @@ impl InodeTable {
         oldest
             .into_sorted_vec()
             .into_iter()
-            .filter_map(|(_, ino)| t.by_ino(ino).map(|i| i.state().key.clone()))
+            .filter_map(|(_, ino)| t.by_ino(ino).map(Inode::key))
             .collect()
     }
 
     /// The inode of `key` if the kernel holds one, without counting a lookup.
-    pub fn find(&self, key: &str, kind: Kind) -> Option<Arc<Inode>> {
+    pub fn find(&self, key: &str, kind: Kind) -> Option<Inode> {
         debug_assert!(key_fits_kind(key, kind), "{key:?} as {kind:?}");
         self.tables().by_key(key).cloned()
     }
@@ -521,16 +545,14 @@ impl InodeTable {
     pub fn rename(&self, from: &str, to: &str, kind: Kind) {
         debug_assert!(key_fits_kind(from, kind) && key_fits_kind(to, kind));
         let mut t = self.tables();
-        let moved: Vec<Box<str>> = match kind {
+        let moved: Vec<String> = match kind {
             Kind::Dir => t
-                .by_key
+                .by_ino
                 .iter()
-                .filter_map(|i| {
-                    let s = i.state();
-                    s.key.starts_with(from).then(|| s.key.clone())
-                })
+                .filter(|i| i.is_named() && i.with_key(|k| k.starts_with(from)))
+                .map(Inode::key)
                 .collect(),
-            Kind::File | Kind::Symlink => vec![from.into()],
+            Kind::File | Kind::Symlink => vec![from.to_string()],
         };
         if kind != Kind::Dir {
             t.unindex_key(to);
@@ -539,7 +561,7 @@ impl InodeTable {
             let Some(inode) = t.unindex_key(&old) else {
                 continue;
             };
-            inode.state().key = format!("{to}{}", &old[from.len()..]).into_boxed_str();
+            inode.rename_to(&format!("{to}{}", &old[from.len()..]));
             t.index_by_key(inode);
         }
     }
@@ -550,6 +572,11 @@ impl InodeTable {
         debug_assert!(key_fits_kind(key, kind), "{key:?} as {kind:?}");
         self.tables().unindex_key(key);
     }
+}
+
+/// The state of a new inode with `lookups` kernel lookups.
+fn state(lookups: u64) -> Mutex<InodeState> {
+    Mutex::new(InodeState::new(lookups))
 }
 
 #[cfg(test)]
@@ -574,10 +601,60 @@ mod tests {
 
     #[test]
     fn an_inode_stays_small() {
-        // With its Arc's two counters and malloc's 8-byte header, an inode fills one
-        // 112-byte chunk: a walk of a million files leaves a million of them.
-        assert!(std::mem::size_of::<Inode>() + 16 + 8 <= 112);
+        // Its allocation's head is 72 bytes with this state (see `inode_alloc`): a walk of a
+        // million files leaves a million of them.
+        assert_eq!(std::mem::size_of::<InodeState>(), 48);
         assert_eq!(std::mem::size_of::<ObjMeta>(), 24);
+    }
+
+    #[test]
+    fn keys_lead_to_their_inodes_through_renames_unlinks_and_forgets() {
+        let t = InodeTable::new(String::new());
+        let d = t.lookup("d/", Kind::Dir, None);
+        let a = t.lookup("d/a", Kind::File, Some(meta(1, 1)));
+        t.rename("d/a", "d/b", Kind::File);
+        assert_eq!(a.key(), "d/b");
+        assert_eq!(t.find("d/b", Kind::File).map(|i| i.ino), Some(a.ino));
+        assert!(t.find("d/a", Kind::File).is_none());
+        let new_a = t.lookup("d/a", Kind::File, Some(meta(2, 1)));
+        assert_ne!(new_a.ino, a.ino, "the old number is still held");
+        assert_eq!(t.peek_ino("d/a", Kind::File), new_a.ino);
+
+        t.rename("d/", "e/", Kind::Dir);
+        assert_eq!(
+            (d.key(), a.key(), new_a.key()),
+            ("e/".into(), "e/b".into(), "e/a".into())
+        );
+        assert_eq!(t.find("e/b", Kind::File).map(|i| i.ino), Some(a.ino));
+        assert_eq!(t.find("e/a", Kind::File).map(|i| i.ino), Some(new_a.ino));
+        assert!(t.find("d/b", Kind::File).is_none() && t.find("d/", Kind::Dir).is_none());
+        t.rename("e/", "d/", Kind::Dir);
+        assert_eq!(t.find("d/", Kind::Dir).map(|i| i.ino), Some(d.ino));
+        assert_eq!(d.key(), "d/");
+
+        let c = t.lookup("d/c", Kind::File, Some(meta(1, 1)));
+        t.unlink("d/c", Kind::File);
+        assert!(t.find("d/c", Kind::File).is_none());
+        assert_eq!(
+            t.get(c.ino).map(|i| i.key()),
+            Some("d/c".into()),
+            "still held"
+        );
+        let c2 = t.lookup("d/c", Kind::File, Some(meta(1, 1)));
+        assert_ne!(c2.ino, c.ino);
+        assert_eq!(t.find("d/c", Kind::File).map(|i| i.ino), Some(c2.ino));
+
+        for gone in [&a, &new_a, &c, &c2] {
+            assert!(t.forget(gone.ino, 1));
+            assert!(t.get(gone.ino).is_none());
+        }
+        assert!(t.find("d/b", Kind::File).is_none() && t.find("d/c", Kind::File).is_none());
+        assert_eq!(
+            t.tables().odd_names.len(),
+            1,
+            "forgotten inodes leave no name behind (the root's number is 1, not its key's hash)"
+        );
+        assert_eq!(t.len(), 2, "the root and d/");
     }
 
     #[test]

@@ -17,6 +17,7 @@ mod dir_changes;
 mod error;
 mod handles;
 mod inode;
+mod inode_alloc;
 mod list_parallel;
 mod listing;
 mod names;
@@ -195,11 +196,11 @@ impl Fs {
             .map(|_| ())
     }
 
-    fn inode(&self, ino: u64) -> FsResult<Arc<Inode>> {
+    fn inode(&self, ino: u64) -> FsResult<Inode> {
         self.inner.sb.inode(ino)
     }
 
-    fn dir_inode(&self, ino: u64) -> FsResult<Arc<Inode>> {
+    fn dir_inode(&self, ino: u64) -> FsResult<Inode> {
         self.inner.sb.dir_inode(ino)
     }
 

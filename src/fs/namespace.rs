@@ -17,7 +17,6 @@ use super::error::{log_err, Errno, FsResult};
 use super::inode::{Inode, Kind};
 use super::{names, Entry, Fs};
 use crate::gcs::{self, ListRequest};
-use std::sync::Arc;
 
 /// `renameat2` flags this filesystem understands.
 const RENAME_NOREPLACE: u32 = libc::RENAME_NOREPLACE;
@@ -34,7 +33,7 @@ impl Fs {
     }
 
     /// What `name` in `parent` is now (None: nothing), without keeping a kernel lookup on it.
-    pub(super) async fn existing(&self, parent: u64, name: &str) -> FsResult<Option<Arc<Inode>>> {
+    pub(super) async fn existing(&self, parent: u64, name: &str) -> FsResult<Option<Inode>> {
         match self.lookup(parent, name).await {
             Ok(e) => {
                 let inode = self.inode(e.attr.ino);

@@ -65,10 +65,10 @@ const PROBES_BEFORE_LISTING: u32 = 128;
 /// than the probes it saves.
 const MOST_PAGES_AFTER_PROBES: usize = 100;
 
-/// What a held inode costs, with its key and index slots (about 190 bytes measured by
-/// `metadata_scale`): `fs.metadata_cache_mb` over this is how many inodes the kernel is
-/// left to hold before the least recently looked up are shed.
-const INODE_BYTES: u64 = 200;
+/// What a held inode costs, with its key and its index slot (about 126 bytes measured by
+/// `metadata_scale`, keys of 28 bytes): `fs.metadata_cache_mb` over this is how many inodes
+/// the kernel is left to hold before the least recently looked up are shed.
+const INODE_BYTES: u64 = 128;
 
 /// Caches `listing` of directory `dkey` unless the directory changed through the mount
 /// since its count was `since` (read before it was listed): that change's edit found no
@@ -194,11 +194,11 @@ impl Superblock {
         }
     }
 
-    pub(super) fn inode(&self, ino: u64) -> FsResult<Arc<Inode>> {
+    pub(super) fn inode(&self, ino: u64) -> FsResult<Inode> {
         self.inodes.get(ino).ok_or(Errno::ENOENT)
     }
 
-    pub(super) fn dir_inode(&self, ino: u64) -> FsResult<Arc<Inode>> {
+    pub(super) fn dir_inode(&self, ino: u64) -> FsResult<Inode> {
         let inode = self.inode(ino)?;
         if inode.kind != Kind::Dir {
             return Err(Errno::ENOTDIR);
@@ -207,7 +207,7 @@ impl Superblock {
     }
 
     /// Resolves `name` in directory `parent`, counting one kernel lookup on the result.
-    pub(super) async fn lookup(&self, parent: u64, name: &str) -> FsResult<Arc<Inode>> {
+    pub(super) async fn lookup(&self, parent: u64, name: &str) -> FsResult<Inode> {
         let dir = self.dir_inode(parent)?;
         if name.len() > names::NAME_MAX {
             return Err(Errno::ENAMETOOLONG);
@@ -399,7 +399,7 @@ impl Superblock {
 
     /// `lookup` as far as the directory's cached listing answers it, with no call to make:
     /// what the FUSE thread can answer at once. `None`: ask `lookup`.
-    pub(super) fn lookup_cached(&self, parent: u64, name: &str) -> Option<FsResult<Arc<Inode>>> {
+    pub(super) fn lookup_cached(&self, parent: u64, name: &str) -> Option<FsResult<Inode>> {
         let dir = self.dir_inode(parent).ok()?;
         if name.len() > names::NAME_MAX || !names::is_visible(name) {
             return None;
@@ -408,7 +408,7 @@ impl Superblock {
     }
 
     /// What the cached listing of `dir` says of `name`, if it vouches for it.
-    fn listed(&self, dir: &Inode, name: &str) -> Option<FsResult<Arc<Inode>>> {
+    fn listed(&self, dir: &Inode, name: &str) -> Option<FsResult<Inode>> {
         let listing = self.listings.as_ref()?.get(&dir.key())?;
         // A listing answers for the names it holds as long as it is kept, but for a name it
         // lacks only as long as a negative entry would: an object created elsewhere then
@@ -420,7 +420,7 @@ impl Superblock {
     }
 
     /// Resolves `name` from `listing`, the listing of directory `dir`.
-    fn lookup_in(&self, dir: &Inode, listing: &Listing, name: &str) -> FsResult<Arc<Inode>> {
+    fn lookup_in(&self, dir: &Inode, listing: &Listing, name: &str) -> FsResult<Inode> {
         let found = listing.find(name).ok_or(Errno::ENOENT)?;
         Ok(self.found_listed(&dir.key(), found, listing.listed_at))
     }
@@ -428,12 +428,7 @@ impl Superblock {
     /// The inode of entry `e` of the listing of directory `dkey`, counting one kernel lookup.
     /// A listing vouches for what the service said at `listed_at`: an inode that learned a
     /// newer size since (written through this mount) keeps it.
-    pub(super) fn found_listed(
-        &self,
-        dkey: &str,
-        e: EntryRef<'_>,
-        listed_at: Instant,
-    ) -> Arc<Inode> {
+    pub(super) fn found_listed(&self, dkey: &str, e: EntryRef<'_>, listed_at: Instant) -> Inode {
         if e.kind == Kind::Dir {
             return self
                 .inodes
@@ -499,12 +494,12 @@ impl Superblock {
 
     /// The inode of `key` as found by a listing or a call (`meta` for a file), counting one
     /// kernel lookup: a new one when the key is new or names another generation now.
-    pub(super) fn found(&self, key: &str, kind: Kind, meta: Option<ObjMeta>) -> Arc<Inode> {
+    pub(super) fn found(&self, key: &str, kind: Kind, meta: Option<ObjMeta>) -> Inode {
         self.inodes.lookup(key, kind, meta)
     }
 
     /// The inode the kernel holds for `key`, if any, without counting a lookup.
-    pub(super) fn held(&self, key: &str, kind: Kind) -> Option<Arc<Inode>> {
+    pub(super) fn held(&self, key: &str, kind: Kind) -> Option<Inode> {
         self.inodes.find(key, kind)
     }
 

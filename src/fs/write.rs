@@ -60,7 +60,7 @@ struct Staged {
 
 /// The writer of one inode.
 pub struct FileWriter {
-    inode: Arc<Inode>,
+    inode: Inode,
     /// Bytes the file holds as written through this writer (what `stat` shows).
     size: AtomicU64,
     /// The size above is exact (a staged file may have shrunk), not just a lower bound.
@@ -70,7 +70,7 @@ pub struct FileWriter {
 
 impl FileWriter {
     /// The inode it writes, and its size as written through this mount so far.
-    pub fn written(&self) -> (Arc<Inode>, u64) {
+    pub fn written(&self) -> (Inode, u64) {
         (self.inode.clone(), self.size.load(Ordering::Acquire))
     }
 }
@@ -137,7 +137,7 @@ impl Writes {
 
     /// One more handle writes `inode`: it joins the inode's writer if it has one, else
     /// starts one from `start` (a fresh stream, or the generation to take over later).
-    fn attach(&self, inode: &Arc<Inode>, start: impl FnOnce() -> (State, u64)) -> Arc<FileWriter> {
+    fn attach(&self, inode: &Inode, start: impl FnOnce() -> (State, u64)) -> Arc<FileWriter> {
         let mut by_ino = lock(&self.by_ino);
         let entry = by_ino.entry(inode.ino).or_insert_with(|| {
             let (state, size) = start();
@@ -154,7 +154,7 @@ impl Writes {
     }
 
     /// A handle writes the object just created as `inode` through `w`.
-    pub fn attach_created(&self, inode: &Arc<Inode>, w: AppendWriter) -> Arc<FileWriter> {
+    pub fn attach_created(&self, inode: &Inode, w: AppendWriter) -> Arc<FileWriter> {
         let held = self.held(0);
         self.attach(inode, move || {
             (
@@ -169,12 +169,7 @@ impl Writes {
 
     /// A handle may write the existing object `inode` (generation `generation`, `size`
     /// bytes); the takeover waits for its first write.
-    pub fn attach_existing(
-        &self,
-        inode: &Arc<Inode>,
-        generation: i64,
-        size: u64,
-    ) -> Arc<FileWriter> {
+    pub fn attach_existing(&self, inode: &Inode, generation: i64, size: u64) -> Arc<FileWriter> {
         self.attach(inode, || (State::Idle { generation }, size))
     }
 
@@ -509,7 +504,7 @@ impl Writes {
 
     /// A handle writing through `fw` is closed; the last writing handle of an inode ends its
     /// stream (and finalizes the object with `write.finalize_on_close`). The inode it wrote.
-    pub async fn release(&self, fw: Arc<FileWriter>) -> Arc<Inode> {
+    pub async fn release(&self, fw: Arc<FileWriter>) -> Inode {
         let last = {
             let mut by_ino = lock(&self.by_ino);
             match by_ino.get_mut(&fw.inode.ino) {
