@@ -325,11 +325,17 @@ impl Tables {
     }
 
     fn by_key(&self, key: &str) -> Option<&Inode> {
+        self.holder_and_named(key).1
+    }
+
+    /// The inode that holds number `hashed_ino(key)`, whatever its key, and the inode `key`
+    /// leads to: one probe of the index for both when the key's inode is new.
+    fn holder_and_named(&self, key: &str) -> (Option<&Inode>, Option<&Inode>) {
         let is_key = |i: &Inode| i.with_key(|k| k == key);
-        let by_number = self
-            .by_ino(hashed_ino(key))
-            .filter(|i| i.is_named() && is_key(i));
-        by_number.or_else(|| self.odd_names.find(self.key_hash(key), |i| is_key(i)))
+        let holder = self.by_ino(hashed_ino(key));
+        let by_number = holder.filter(|i| i.is_named() && is_key(i));
+        let named = by_number.or_else(|| self.odd_names.find(self.key_hash(key), |i| is_key(i)));
+        (holder, named)
     }
 
     fn insert_by_ino(&mut self, inode: Inode) {
@@ -342,11 +348,16 @@ impl Tables {
     fn index_by_key(&mut self, inode: Inode) {
         let key = inode.key();
         self.unindex_key(&key);
+        self.name(inode, &key);
+    }
+
+    /// Makes `inode` the one `key`, its current key, leads to; none does now.
+    fn name(&mut self, inode: Inode, key: &str) {
         inode.set_named(true);
-        if inode.ino != hashed_ino(&key) {
+        if inode.ino != hashed_ino(key) {
             let hasher = self.hasher.clone();
             self.odd_names
-                .insert_unique(self.key_hash(&key), inode, |i| {
+                .insert_unique(self.key_hash(key), inode, |i| {
                     i.with_key(|k| hasher.hash_one(k))
                 });
         }
@@ -455,8 +466,11 @@ impl InodeTable {
     ) -> Inode {
         debug_assert!(key_fits_kind(key, kind), "{key:?} as {kind:?}");
         let mut t = self.tables();
-        let existing = t
-            .by_key(key)
+        let (holder, named) = t.holder_and_named(key);
+        let number_free = holder.is_none();
+        let named = named.cloned();
+        let existing = named
+            .as_ref()
             .filter(|inode| inode.kind == kind)
             .filter(|inode| match (inode.meta().0, meta) {
                 (Some(old), Some(new)) => new.generation <= old.generation,
@@ -465,18 +479,20 @@ impl InodeTable {
         let inode = match existing {
             Some(inode) => inode.clone(),
             None => {
+                if let Some(older) = &named {
+                    t.unname(older, key);
+                }
                 // The number plain readdir showed, unless an inode holds it (an older
                 // generation of the key, or a hash collision).
-                let ino = match hashed_ino(key) {
-                    ino if t.by_ino(ino).is_none() => ino,
-                    _ => {
-                        t.next_ino += 1;
-                        t.next_ino - 1
-                    }
+                let ino = if number_free {
+                    hashed_ino(key)
+                } else {
+                    t.next_ino += 1;
+                    t.next_ino - 1
                 };
                 let inode = Inode::new(ino, kind, key, state(0));
                 t.insert_by_ino(inode.clone());
-                t.index_by_key(inode.clone());
+                t.name(inode.clone(), key);
                 inode
             }
         };
