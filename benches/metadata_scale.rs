@@ -3,7 +3,8 @@
 //! `rapidfs` daemon (its own process, so its memory is its own) with `find` and Python's
 //! `os.walk`. Reports, in one run:
 //! - the walk time cold (fresh mount), warm (the same mount again), and on a fresh mount
-//!   after its metadata warm-up (`--prefetch-metadata`) finished (one mount per walk);
+//!   after its metadata warm-up (`--prefetch-metadata`) finished (one mount per walk), with
+//!   the CPU the daemon and the emulator (this process) spent in each walk, per object;
 //! - the daemon's resident memory after mounting, at its peak, after the walks, after a
 //!   `find` that stats every file (the kernel then holds an inode per file), and after the
 //!   kernel dropped its dentry and inode caches (`echo 2 > /proc/sys/vm/drop_caches`, which
@@ -127,6 +128,11 @@ impl Mount {
         Ok(kb * 1024)
     }
 
+    /// CPU seconds the daemon has used so far.
+    fn cpu(&self) -> anyhow::Result<f64> {
+        cpu_secs(&format!("/proc/{}/stat", self.child.id()))
+    }
+
     fn rss(&self) -> anyhow::Result<u64> {
         self.status("VmRSS:")
     }
@@ -169,39 +175,76 @@ fn is_mounted(path: &Path) -> anyhow::Result<bool> {
         .any(|l| l.split(' ').nth(4) == Some(p.as_ref())))
 }
 
-/// Runs a walk command; returns its seconds and the number of lines it printed.
-fn walk(cmd: &mut Command) -> anyhow::Result<(f64, usize)> {
+/// utime + stime of a `/proc/.../stat` file, in seconds.
+fn cpu_secs(stat: &str) -> anyhow::Result<f64> {
+    let s = std::fs::read_to_string(stat)?;
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let after = s.rsplit_once(')').context("a stat line")?.1;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>()? + fields[12].parse::<u64>()?;
+    // SAFETY: sysconf only reads a constant of the system.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1);
+    Ok(ticks as f64 / hz as f64)
+}
+
+/// One walk: its seconds, the lines it printed, and the CPU seconds the daemon and the
+/// emulator (this process, which otherwise waits) spent meanwhile.
+#[derive(Clone, Copy)]
+struct Walk {
+    secs: f64,
+    lines: usize,
+    daemon_cpu: f64,
+    server_cpu: f64,
+}
+
+impl Walk {
+    const NONE: Walk = Walk {
+        secs: f64::NAN,
+        lines: 0,
+        daemon_cpu: f64::NAN,
+        server_cpu: f64::NAN,
+    };
+}
+
+/// Runs a walk command through mount `m`.
+fn walk(m: &Mount, cmd: &mut Command) -> anyhow::Result<Walk> {
+    let (daemon0, server0) = (m.cpu()?, cpu_secs("/proc/self/stat")?);
     let t0 = Instant::now();
     let out = cmd.stderr(Stdio::inherit()).output()?;
     let secs = t0.elapsed().as_secs_f64();
     if !out.status.success() {
         bail!("{cmd:?} failed: {}", out.status);
     }
-    let count = String::from_utf8_lossy(&out.stdout)
+    let lines = String::from_utf8_lossy(&out.stdout)
         .trim()
         .parse()
         .unwrap_or(0);
-    Ok((secs, count))
+    Ok(Walk {
+        secs,
+        lines,
+        daemon_cpu: m.cpu()? - daemon0,
+        server_cpu: cpu_secs("/proc/self/stat")? - server0,
+    })
 }
 
 /// `find MNT | wc -l`: lines are the root, the directories and the files.
-fn find(m: &Mount) -> anyhow::Result<(f64, usize)> {
+fn find(m: &Mount) -> anyhow::Result<Walk> {
     let script = format!("find '{}' | wc -l", m.mnt.display());
-    walk(Command::new("sh").args(["-c", &script]))
+    walk(m, Command::new("sh").args(["-c", &script]))
 }
 
 /// `find MNT -printf '%s'`: a walk that stats every entry, as `ls -l`, `du` or a first
 /// epoch that opens every file, so the kernel holds an inode per file.
-fn find_stat(m: &Mount) -> anyhow::Result<(f64, usize)> {
+fn find_stat(m: &Mount) -> anyhow::Result<Walk> {
     let script = format!("find '{}' -printf '%s\\n' | wc -l", m.mnt.display());
-    walk(Command::new("sh").args(["-c", &script]))
+    walk(m, Command::new("sh").args(["-c", &script]))
 }
 
 /// `os.walk` counting directories and files the way `find` does.
-fn os_walk(m: &Mount) -> anyhow::Result<(f64, usize)> {
+fn os_walk(m: &Mount) -> anyhow::Result<Walk> {
     let script =
         "import os,sys\nn=0\nfor _,ds,fs in os.walk(sys.argv[1]): n+=len(ds)+len(fs)\nprint(n+1)";
-    walk(Command::new("python3").args(["-c", script]).arg(&m.mnt))
+    walk(m, Command::new("python3").args(["-c", script]).arg(&m.mnt))
 }
 
 fn drop_kernel_caches() -> anyhow::Result<()> {
@@ -251,16 +294,16 @@ fn main() -> anyhow::Result<()> {
 
     let m = Mount::start(&a, &endpoint, tmp.path(), "cold", &[])?;
     let rss_mounted = m.rss()?;
-    let (find_cold, n) = find(&m)?;
-    check("cold find", n)?;
-    let (find_warm, n) = find(&m)?;
-    check("warm find", n)?;
-    let (walk_warm, n) = os_walk(&m)?;
-    check("warm os.walk", n)?;
+    let find_cold = find(&m)?;
+    check("cold find", find_cold.lines)?;
+    let find_warm = find(&m)?;
+    check("warm find", find_warm.lines)?;
+    let walk_warm = os_walk(&m)?;
+    check("warm os.walk", walk_warm.lines)?;
     let rss_walked = m.rss()?;
     let peak = m.peak_rss()?;
-    let (stat_secs, n) = find_stat(&m)?;
-    check("find -printf %s", n)?;
+    let find_stated = find_stat(&m)?;
+    check("find -printf %s", find_stated.lines)?;
     let rss_stated = m.rss()?;
     drop_kernel_caches()?;
     std::thread::sleep(Duration::from_secs(3));
@@ -268,12 +311,12 @@ fn main() -> anyhow::Result<()> {
     m.stop()?;
 
     let m = Mount::start(&a, &endpoint, tmp.path(), "walk", &[])?;
-    let (walk_cold, n) = os_walk(&m)?;
-    check("cold os.walk", n)?;
+    let walk_cold = os_walk(&m)?;
+    check("cold os.walk", walk_cold.lines)?;
     m.stop()?;
 
     let (mut warmup_secs, mut rss_warmed, mut peak_warmup) = (f64::NAN, 0, 0);
-    let (mut find_after, mut walk_after) = (f64::NAN, f64::NAN);
+    let (mut find_after, mut walk_after) = (Walk::NONE, Walk::NONE);
     if a.warmup {
         // Each walk on a mount of its own: a walk after another finds the kernel's caches warm.
         let warmed = |name: &str| -> anyhow::Result<(Mount, f64)> {
@@ -284,15 +327,13 @@ fn main() -> anyhow::Result<()> {
         let (m, secs) = warmed("warmup-find")?;
         warmup_secs = secs;
         rss_warmed = m.rss()?;
-        let n;
-        (find_after, n) = find(&m)?;
-        check("find after warm-up", n)?;
+        find_after = find(&m)?;
+        check("find after warm-up", find_after.lines)?;
         peak_warmup = m.peak_rss()?;
         m.stop()?;
         let (m, _) = warmed("warmup-walk")?;
-        let n;
-        (walk_after, n) = os_walk(&m)?;
-        check("os.walk after warm-up", n)?;
+        walk_after = os_walk(&m)?;
+        check("os.walk after warm-up", walk_after.lines)?;
         m.stop()?;
     }
 
@@ -302,21 +343,27 @@ fn main() -> anyhow::Result<()> {
         a.objects,
         a.binary.display()
     );
-    println!("| walk | seconds | vs cold |");
-    println!("|---|---|---|");
-    for (what, s, cold) in [
+    let us_per_object = |cpu: f64| cpu * 1e6 / a.objects as f64;
+    println!("| walk | seconds | vs cold | daemon CPU us/object | emulator CPU us/object |");
+    println!("|---|---|---|---|---|");
+    for (what, w, cold) in [
         ("find, cold", find_cold, find_cold),
         ("find, warm", find_warm, find_cold),
         ("find, after warm-up", find_after, find_cold),
+        ("find stating every file, warm", find_stated, find_cold),
         ("os.walk, cold", walk_cold, walk_cold),
         ("os.walk, warm", walk_warm, walk_cold),
         ("os.walk, after warm-up", walk_after, walk_cold),
     ] {
-        println!("| {what} | {s:.2} | {:.1}x faster |", cold / s);
+        println!(
+            "| {what} | {:.2} | {:.1}x faster | {:.2} | {:.2} |",
+            w.secs,
+            cold.secs / w.secs,
+            us_per_object(w.daemon_cpu),
+            us_per_object(w.server_cpu)
+        );
     }
-    println!(
-        "warm-up itself: {warmup_secs:.2} s; find stating every file (warm): {stat_secs:.2} s"
-    );
+    println!("warm-up itself: {warmup_secs:.2} s");
     println!("| daemon memory | MiB | bytes per object over mounted |");
     println!("|---|---|---|");
     for (what, b) in [
@@ -338,9 +385,23 @@ fn main() -> anyhow::Result<()> {
         "extra": a.extra,
         "latency_us": a.latency_us,
         "seconds": {
-            "find_cold": find_cold, "find_warm": find_warm, "find_after_warmup": find_after,
-            "walk_cold": walk_cold, "walk_warm": walk_warm, "walk_after_warmup": walk_after,
-            "warmup": warmup_secs, "find_stat_warm": stat_secs,
+            "find_cold": find_cold.secs, "find_warm": find_warm.secs,
+            "find_after_warmup": find_after.secs,
+            "walk_cold": walk_cold.secs, "walk_warm": walk_warm.secs,
+            "walk_after_warmup": walk_after.secs,
+            "warmup": warmup_secs, "find_stat_warm": find_stated.secs,
+        },
+        "daemon_cpu_seconds": {
+            "find_cold": find_cold.daemon_cpu, "find_warm": find_warm.daemon_cpu,
+            "find_after_warmup": find_after.daemon_cpu,
+            "walk_cold": walk_cold.daemon_cpu, "walk_warm": walk_warm.daemon_cpu,
+            "walk_after_warmup": walk_after.daemon_cpu, "find_stat_warm": find_stated.daemon_cpu,
+        },
+        "emulator_cpu_seconds": {
+            "find_cold": find_cold.server_cpu, "find_warm": find_warm.server_cpu,
+            "find_after_warmup": find_after.server_cpu,
+            "walk_cold": walk_cold.server_cpu, "walk_warm": walk_warm.server_cpu,
+            "walk_after_warmup": walk_after.server_cpu, "find_stat_warm": find_stated.server_cpu,
         },
         "rss_bytes": {
             "mounted": rss_mounted, "after_walks": rss_walked, "peak": peak,
