@@ -20,8 +20,10 @@
 //! Needs root (mount, drop_caches) and `find` and `python3`. Flags (after `--`):
 //! `--objects N` (1000000), `--dirs N` (1000), `--latency-us N` (5000), `--binary PATH` (the daemon; default the one
 //! cargo built), `--extra "ARGS"` (more mount flags, split on spaces, for every mount), `--skip-warmup`
-//! (for a daemon without `--prefetch-metadata`).
-//! Prints a table and writes target/bench-results/metadata_scale.json.
+//! (for a daemon without `--prefetch-metadata`), `--cap-mib N` (256: the `fs.metadata_cache_mb`
+//! the daemon runs with, for the targets).
+//! Prints a table, a MET or MISSED line per target, and writes
+//! target/bench-results/metadata_scale.json.
 
 use anyhow::{bail, Context};
 use rapidfs::emulator::{Emulator, EmulatorOptions, Faults};
@@ -39,6 +41,7 @@ struct Args {
     extra: Vec<String>,
     warmup: bool,
     latency_us: u64,
+    cap_mib: u64,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -49,6 +52,7 @@ fn parse_args() -> anyhow::Result<Args> {
         extra: Vec::new(),
         warmup: true,
         latency_us: 5_000,
+        cap_mib: 256,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -59,6 +63,7 @@ fn parse_args() -> anyhow::Result<Args> {
             "--binary" => a.binary = value("--binary")?.into(),
             "--skip-warmup" => a.warmup = false,
             "--latency-us" => a.latency_us = value("--latency-us")?.parse()?,
+            "--cap-mib" => a.cap_mib = value("--cap-mib")?.parse()?,
             "--extra" => {
                 a.extra = value("--extra")?
                     .split_whitespace()
@@ -376,6 +381,33 @@ fn main() -> anyhow::Result<()> {
         ("peak with warm-up", peak_warmup),
     ] {
         println!("| {what} | {:.1} | {:.0} |", mib(b), per_object(b));
+    }
+    let cap = a.cap_mib << 20;
+    let verdict = |ok: bool| if ok { "MET   " } else { "MISSED" };
+    let peak_growth = peak.max(rss_stated).saturating_sub(rss_mounted);
+    println!(
+        "{} growth <= 200 bytes per object, or within the cap ({} MiB): {:.0} bytes per object",
+        verdict(per_object(peak.max(rss_stated)) <= 200.0 || peak_growth <= cap),
+        a.cap_mib,
+        per_object(peak.max(rss_stated))
+    );
+    println!(
+        "{} below the cap after drop_caches: {:.1} MiB",
+        verdict(rss_dropped < cap),
+        mib(rss_dropped)
+    );
+    for (what, after, cold) in [
+        ("find", find_after, find_cold),
+        ("os.walk", walk_after, walk_cold),
+    ] {
+        let times = cold.secs / after.secs;
+        match a.warmup {
+            true => println!(
+                "{} {what} after the warm-up >= 3x faster than cold: {times:.1}x",
+                verdict(times >= 3.0)
+            ),
+            false => println!("n/a    {what} after the warm-up: --skip-warmup"),
+        }
     }
     let json = serde_json::json!({
         "objects": a.objects,
