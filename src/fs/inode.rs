@@ -303,6 +303,8 @@ pub struct InodeTable {
 #[derive(Debug)]
 struct Tables {
     by_ino: HashTable<Inode>,
+    /// What the inodes take: each one's allocation and a share of the index.
+    bytes: u64,
     /// Named inodes whose number is not `hashed_ino` of their current key, by key.
     odd_names: HashTable<Inode>,
     next_ino: u64,
@@ -339,6 +341,7 @@ impl Tables {
     }
 
     fn insert_by_ino(&mut self, inode: Inode) {
+        self.bytes += inode_bytes(&inode);
         let hasher = self.hasher.clone();
         self.by_ino
             .insert_unique(self.ino_hash(inode.ino), inode, |i| hasher.hash_one(i.ino));
@@ -395,6 +398,16 @@ impl Tables {
     }
 }
 
+/// The index's share per inode: an 8-byte slot and a control byte, at a load between 7/16
+/// and 7/8 (hashbrown doubles when full).
+const INDEX_BYTES: u64 = 16;
+
+/// What one inode takes: its allocation and its share of the index. (A renamed inode's new
+/// key is not counted: renames are rare.)
+fn inode_bytes(inode: &Inode) -> u64 {
+    inode.heap_bytes() + INDEX_BYTES
+}
+
 /// A file's or a link's key never ends in `/`; a directory's always does, or is the bucket
 /// root's `""`.
 fn key_fits_kind(key: &str, kind: Kind) -> bool {
@@ -416,6 +429,7 @@ impl InodeTable {
         let root = Inode::new(ROOT_INO, Kind::Dir, &root_key, state(1));
         let mut tables = Tables {
             by_ino: HashTable::new(),
+            bytes: 0,
             odd_names: HashTable::new(),
             next_ino: ROOT_INO + 1,
             hasher: foldhash::fast::RandomState::default(),
@@ -434,6 +448,11 @@ impl InodeTable {
     /// How many inodes the kernel holds, the root included.
     pub fn len(&self) -> usize {
         self.tables().by_ino.len()
+    }
+
+    /// The memory those inodes take, as `inode_bytes` estimates it.
+    pub fn bytes(&self) -> u64 {
+        self.tables().bytes
     }
 
     /// The inode with this number, if the kernel still holds it.
@@ -521,6 +540,7 @@ impl InodeTable {
         };
         if gone {
             let (inode, _) = found.remove();
+            t.bytes -= inode_bytes(&inode);
             if inode.is_named() {
                 t.unname(&inode, &inode.key());
             }
@@ -671,6 +691,12 @@ mod tests {
             "forgotten inodes leave no name behind (the root's number is 1, not its key's hash)"
         );
         assert_eq!(t.len(), 2, "the root and d/");
+        let root = t.get(ROOT_INO).expect("root");
+        assert_eq!(
+            t.bytes(),
+            inode_bytes(&root) + inode_bytes(&d),
+            "counted out as in"
+        );
     }
 
     #[test]

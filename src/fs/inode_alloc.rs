@@ -110,6 +110,13 @@ impl<S> Shared<S> {
     pub fn ptr_eq(a: &Self, b: &Self) -> bool {
         a.ptr == b.ptr
     }
+
+    /// The heap the allocation takes: glibc's chunk for it, the size asked for plus an
+    /// 8-byte header, in steps of 16 bytes, at least 32.
+    pub fn heap_bytes(&self) -> u64 {
+        let asked = layout::<S>(usize::from(self.head().key_len)).size();
+        ((asked + 8).next_multiple_of(16).max(32)) as u64
+    }
 }
 
 /// Where the key's bytes start: right after the head (bytes need no alignment). Derived
@@ -231,5 +238,7 @@ mod tests {
         // state) is 72 bytes: with a 28-byte key and malloc's 8-byte header, 112.
         assert_eq!(std::mem::size_of::<Head<std::sync::Mutex<[u64; 6]>>>(), 72);
         assert_eq!(std::mem::size_of::<Shared<()>>(), 8);
+        let inode = Shared::new(2, Kind::File, "dir00001/sample_00000001.jpg", [0u64; 7]);
+        assert_eq!(inode.heap_bytes(), 112);
     }
 }

@@ -65,11 +65,6 @@ const PROBES_BEFORE_LISTING: u32 = 128;
 /// than the probes it saves.
 const MOST_PAGES_AFTER_PROBES: usize = 100;
 
-/// What a held inode costs, with its key and its index slot (about 126 bytes measured by
-/// `metadata_scale`, keys of 28 bytes): `fs.metadata_cache_mb` over this is how many inodes
-/// the kernel is left to hold before the least recently looked up are shed.
-const INODE_BYTES: u64 = 128;
-
 /// Caches `listing` of directory `dkey` unless the directory changed through the mount
 /// since its count was `since` (read before it was listed): that change's edit found no
 /// cached listing to edit, so this one may lack it (a created file missing, a removed one
@@ -132,6 +127,9 @@ where
 pub struct MetadataUsage {
     /// Inodes the kernel holds lookups on, the root included.
     pub inodes: u64,
+    /// The memory they take (estimated from their keys), bounded by `fs.metadata_cache_mb`:
+    /// past it the kernel is asked to let go of some.
+    pub inode_bytes: u64,
     /// Directory listings cached.
     pub listings: u64,
     /// Their weight in bytes, bounded by `fs.metadata_cache_mb`.
@@ -449,19 +447,21 @@ impl Superblock {
     }
 
     /// Names (parent directory's inode, name) of the files the kernel should let go of, the
-    /// least recently looked up first, when it holds more inodes than `fs.metadata_cache_mb`
-    /// allows (at `INODE_BYTES` each): down to four fifths of that, so that a walk creating
-    /// inodes fast needs a round (a scan of every inode) only every so many thousand. The
+    /// least recently looked up first, when the inodes it holds take more memory than
+    /// `fs.metadata_cache_mb` (each counted with its key): down to four fifths of that, so
+    /// that a walk creating inodes fast needs a round (a scan of every inode) only every so
+    /// many thousand. The
     /// kernel holds an inode as long as it keeps its name's dentry, which only memory
     /// pressure on the kernel's side ends: a walk of ten million files would otherwise leave
     /// two gigabytes here, charged to the daemon (a sidecar's memory limit), not the walker.
     pub(super) fn inodes_to_shed(&self) -> Vec<(u64, String)> {
-        let cap = usize::try_from(self.metadata_cap / INODE_BYTES).unwrap_or(usize::MAX);
-        let held = self.inodes.len();
-        if held <= cap {
+        let held = self.inodes.bytes();
+        if held <= self.metadata_cap {
             return Vec::new();
         }
-        let excess = held - cap / 5 * 4;
+        let average = held / (self.inodes.len() as u64).max(1);
+        let over = held - self.metadata_cap / 5 * 4;
+        let excess = usize::try_from(over / average.max(1)).unwrap_or(usize::MAX);
         self.inodes
             .least_recent_files(excess)
             .iter()
@@ -480,6 +480,7 @@ impl Superblock {
         });
         MetadataUsage {
             inodes: self.inodes.len() as u64,
+            inode_bytes: self.inodes.bytes(),
             listings,
             listing_bytes,
         }
