@@ -402,8 +402,8 @@ impl Tables {
 /// and 7/8 (hashbrown doubles when full).
 const INDEX_BYTES: u64 = 16;
 
-/// What one inode takes: its allocation and its share of the index. (A renamed inode's new
-/// key is not counted: renames are rare.)
+/// What one inode takes: its allocation and its share of the index. (The extra state some
+/// hold apart, an opened file's or a link's or a renamed inode's new key, is not counted.)
 fn inode_bytes(inode: &Inode) -> u64 {
     inode.heap_bytes() + INDEX_BYTES
 }
