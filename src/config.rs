@@ -141,7 +141,7 @@ pub struct FsConfig {
     pub list_ttl_ms: u64,
     /// At mount, list the whole mounted tree into the listing cache in the background (up to `metadata_cache_mb`), so the first walk or epoch of lookups is answered from memory; the mount serves requests meanwhile.
     pub prefetch_metadata: bool,
-    /// Memory for cached directory listings (names and object metadata), in MiB; beyond it the least recently used listings are dropped and listed again when next needed. The same figure bounds the memory of the inodes the kernel holds (about 130 bytes each with a 28-byte key): past it the kernel is asked to let go of the files looked up least recently.
+    /// Memory for cached directory listings (names and object metadata), in MiB; beyond it the least recently used listings are dropped and listed again when next needed. The same figure bounds the listings and the inodes the kernel holds together (an inode takes about 130 bytes with a 28-byte key): past it the kernel is asked to let go of the files looked up least recently.
     pub metadata_cache_mb: u64,
     /// How long the kernel may trust a name -> inode answer without asking again, in milliseconds.
     pub kernel_entry_ttl_ms: u64,

@@ -127,8 +127,8 @@ where
 pub struct MetadataUsage {
     /// Inodes the kernel holds lookups on, the root included.
     pub inodes: u64,
-    /// The memory they take (estimated from their keys), bounded by `fs.metadata_cache_mb`:
-    /// past it the kernel is asked to let go of some.
+    /// The memory they take (estimated from their keys): with the listings' weight, bounded
+    /// by `fs.metadata_cache_mb`, past which the kernel is asked to let go of some.
     pub inode_bytes: u64,
     /// Directory listings cached.
     pub listings: u64,
@@ -447,20 +447,22 @@ impl Superblock {
     }
 
     /// Names (parent directory's inode, name) of the files the kernel should let go of, the
-    /// least recently looked up first, when the inodes it holds take more memory than
-    /// `fs.metadata_cache_mb` (each counted with its key): down to four fifths of that, so
-    /// that a walk creating inodes fast needs a round (a scan of every inode) only every so
-    /// many thousand. The
-    /// kernel holds an inode as long as it keeps its name's dentry, which only memory
-    /// pressure on the kernel's side ends: a walk of ten million files would otherwise leave
-    /// two gigabytes here, charged to the daemon (a sidecar's memory limit), not the walker.
+    /// least recently looked up first, when the inodes it holds (each counted with its key)
+    /// and the cached listings together take more memory than `fs.metadata_cache_mb`: the
+    /// inodes down to four fifths of what the listings leave, so that a walk creating inodes
+    /// fast needs a round (a scan of every inode) only every so many thousand. The kernel
+    /// holds an inode as long as it keeps its name's dentry, which only memory pressure on
+    /// the kernel's side ends: a walk of ten million files would otherwise leave two
+    /// gigabytes here, charged to the daemon (a sidecar's memory limit), not the walker.
     pub(super) fn inodes_to_shed(&self) -> Vec<(u64, String)> {
+        let listed = self.listings.as_ref().map_or(0, |c| c.weighted_size());
+        let room = self.metadata_cap.saturating_sub(listed);
         let held = self.inodes.bytes();
-        if held <= self.metadata_cap {
+        if held <= room {
             return Vec::new();
         }
         let average = held / (self.inodes.len() as u64).max(1);
-        let over = held - self.metadata_cap / 5 * 4;
+        let over = held - room / 5 * 4;
         let excess = usize::try_from(over / average.max(1)).unwrap_or(usize::MAX);
         self.inodes
             .least_recent_files(excess)
