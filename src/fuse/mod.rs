@@ -11,9 +11,9 @@
 use crate::fs::{Attr, DirItem, Entry, Errno as FsErrno, Fs, FsResult, Kind, Opened, SetAttr};
 use fuser::{
     AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
-    INodeNo, InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl,
+    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use std::ffi::OsStr;
 use std::future::Future;
@@ -656,6 +656,11 @@ impl Filesystem for FuseAdapter {
         );
     }
 
+    // Objects carry no extended attributes. ENOSYS (rather than ENODATA or ENOTSUP) makes the
+    // kernel remember that and answer every later xattr call itself: otherwise each write()
+    // costs a GETXATTR round trip (the kernel asks for `security.capability` before every
+    // write to a file system without SB_NOSEC), and `ls -l` one per name. Callers see
+    // EOPNOTSUPP, as on gcsfuse and mountpoint-s3.
     fn setxattr(
         &self,
         _req: &Request,
@@ -666,7 +671,7 @@ impl Filesystem for FuseAdapter {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        reply.error(Errno::ENOTSUP);
+        reply.error(Errno::ENOSYS);
     }
 
     fn getxattr(
@@ -677,19 +682,32 @@ impl Filesystem for FuseAdapter {
         _size: u32,
         reply: ReplyXattr,
     ) {
-        reply.error(Errno::NO_XATTR);
+        reply.error(Errno::ENOSYS);
     }
 
-    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: ReplyXattr) {
-        if size == 0 {
-            reply.size(0);
-        } else {
-            reply.data(&[]);
-        }
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, _size: u32, reply: ReplyXattr) {
+        reply.error(Errno::ENOSYS);
     }
 
     fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(Errno::NO_XATTR);
+        reply.error(Errno::ENOSYS);
+    }
+
+    // Every Python `open` asks whether the file is a terminal (TCGETS), and the kernel asks
+    // again each time (it remembers no ENOSYS for ioctl): answered here with what the kernel
+    // would turn ENOSYS into, without fuser's warning line in the log for each file opened.
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        reply.error(Errno::ENOTTY);
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
