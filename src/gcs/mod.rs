@@ -158,6 +158,16 @@ impl Client {
         AppendWriter::create(self.clone(), bucket, object, if_generation_match).await
     }
 
+    /// New appendable object, replacing any object of that name, without waiting for the
+    /// service to answer the create (see `AppendWriter::create_unanswered`).
+    pub async fn create_appendable_unanswered(
+        &self,
+        bucket: &str,
+        object: &str,
+    ) -> Result<AppendWriter> {
+        AppendWriter::create_unanswered(self.clone(), bucket, object).await
+    }
+
     /// Takes over an unfinalized appendable object (fences any earlier writer).
     pub async fn open_appendable(
         &self,

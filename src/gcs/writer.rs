@@ -77,6 +77,12 @@ pub struct AppendWriter {
     failing: bool,
     /// Set once the session failed for good; every later call returns it.
     dead: Option<Error>,
+    /// The service has answered this session's create (or open): the object exists and
+    /// `generation` is its. False only after `create_unanswered` until the first answer.
+    answered: bool,
+    /// The spec of a create sent without waiting for its answer: sent again when the stream
+    /// breaks before the answer came, since whether the object exists is then unknown.
+    unanswered_create: Option<WriteObjectSpec>,
 }
 
 impl AppendWriter {
@@ -93,6 +99,36 @@ impl AppendWriter {
         };
         w.first_open(Some(spec)).await?;
         w.crc = Some(0);
+        Ok(w)
+    }
+
+    /// Creates (or replaces: no precondition) the appendable object without waiting for the
+    /// service's answer: the spec goes out and appends may follow it at once, so a create
+    /// costs no round trip. `generation` stays 0, and `flush` does not return, until the
+    /// answer has come; a stream broken before it sends the spec again, and the data after it.
+    pub(crate) async fn create_unanswered(
+        client: Client,
+        bucket: &str,
+        object: &str,
+    ) -> Result<AppendWriter> {
+        let mut w = AppendWriter::new(client, bucket, object, 0);
+        let spec = WriteObjectSpec {
+            appendable: Some(true),
+            ..super::write_spec(bucket, object, None, Default::default())
+        };
+        w.crc = Some(0);
+        w.answered = false;
+        w.unanswered_create = Some(spec.clone());
+        crate::metrics::stream("write", crate::metrics::StreamEvent::from_reopen(false));
+        let msg = BidiWriteObjectRequest {
+            first_message: Some(FirstMessage::WriteObjectSpec(spec)),
+            write_offset: 0,
+            ..Default::default()
+        };
+        match stream::write(w.client.streams(), bucket, None, &msg).await {
+            Ok((tx, rx)) => w.conn = Some(Conn { tx, rx }),
+            Err(s) => w.recover(Fail::Stream(s)).await?,
+        }
         Ok(w)
     }
 
@@ -136,11 +172,14 @@ impl AppendWriter {
             backoff,
             failing: false,
             dead: None,
+            answered: true,
+            unanswered_create: None,
             client,
         }
     }
 
-    /// The object's generation (appends do not change it).
+    /// The object's generation (appends do not change it); 0 while a create sent by
+    /// `create_unanswered` has no answer yet.
     pub fn generation(&self) -> i64 {
         self.generation
     }
@@ -180,7 +219,8 @@ impl AppendWriter {
         Ok(())
     }
 
-    /// flush + state_lookup; returns when persisted_size covers everything appended.
+    /// flush + state_lookup; returns when persisted_size covers everything appended (and the
+    /// object's create is answered).
     pub async fn flush(&mut self) -> Result<u64> {
         self.check_dead()?;
         self.wait_persisted(self.written).await?;
@@ -345,7 +385,11 @@ impl AppendWriter {
                 self.set_persisted(n);
             }
             Some(WriteStatus::Resource(o)) => {
-                self.lookups = self.lookups.saturating_sub(1);
+                // The answer to a create sent without waiting answers no lookup.
+                if self.answered {
+                    self.lookups = self.lookups.saturating_sub(1);
+                }
+                self.answered = true;
                 self.generation = o.generation;
                 self.set_persisted(o.size);
                 self.resource = o;
@@ -473,9 +517,10 @@ impl AppendWriter {
         }
     }
 
-    /// Returns once the service reports at least `target` bytes persisted.
+    /// Returns once the service reports at least `target` bytes persisted (and has answered
+    /// the create).
     async fn wait_persisted(&mut self, target: u64) -> Result<()> {
-        while self.persisted < target {
+        while self.persisted < target || !self.answered {
             let attempt = async {
                 self.try_pump().await?;
                 if self.lookups == 0 {
@@ -580,7 +625,12 @@ impl AppendWriter {
                 return Err(self.die(e));
             }
             tracing::debug!(object = %self.what, code = ?s.code(), msg = s.message(), "reopening write stream");
-            let first = FirstMessage::AppendObjectSpec(self.append_spec(true));
+            let first = match &self.unanswered_create {
+                // Whether the create reached the service is unknown: create again (the
+                // pending bytes still start at 0) rather than reopen an object that may not exist.
+                Some(spec) if !self.answered => FirstMessage::WriteObjectSpec(spec.clone()),
+                _ => FirstMessage::AppendObjectSpec(self.append_spec(true)),
+            };
             match self.open(first, true).await {
                 Ok(()) => {
                     if self.pending.len() == 0 {
@@ -606,6 +656,7 @@ impl AppendWriter {
         if let (Some(h), Some(g)) = (r.write_handle, r.generation) {
             self.handle = Some(h.handle);
             self.generation = g;
+            self.answered = true;
         }
         true
     }
