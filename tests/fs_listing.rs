@@ -1,9 +1,11 @@
 //! Listings and lookups through `fs` alone, counted in the emulator's calls: what a close of
-//! a written file invalidates, and what a lookup in a directory too large to list costs.
+//! a written file invalidates, what a lookup in a directory too large to list costs, and a
+//! listing that overtakes a create.
 
 mod fs_support;
 
 use fs_support::FsEnv;
+use rapidfs::emulator::Faults;
 use rapidfs::fs::{Errno, Kind, ROOT_INO};
 
 /// Closing a file that wrote gives its directory's cached listing the new size, and leaves
@@ -215,5 +217,45 @@ fn a_directory_past_the_listing_pages_stays_probed() {
         let before = env.calls();
         fs.lookup(d, "f0007").await.expect("file");
         assert_eq!(env.calls().0, before.0 + 1, "still one probe per lookup");
+    });
+}
+
+/// A create without O_EXCL does not wait for the service, so a listing asked for right after
+/// it can come back without the file; the listing still shows it. Here the create's stream
+/// is refused, so the service has not seen the file when the directory is listed.
+#[test]
+fn a_listing_that_overtakes_a_create_still_shows_the_file() {
+    let env = FsEnv::new("b", |_| {});
+    env.put("d/a", b"x");
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let d = fs.lookup(ROOT_INO, "d").await.expect("d").attr.ino;
+        env.emu().set_faults(Faults {
+            unavailable_every: Some(1),
+            ..Faults::default()
+        });
+        let injected = env.emu().stats().faults_injected;
+        let (_, opened) = fs.create(d, "new", libc::O_WRONLY).await.expect("create");
+        // The create returned before the service refused its stream.
+        while env.emu().stats().faults_injected == injected {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        env.emu().set_faults(Faults::default());
+        let (lists, _) = env.calls();
+        fs.lookup(d, "a").await.expect("a");
+        assert_eq!(env.calls().0, lists + 1, "d was listed");
+        assert!(
+            env.client.get_object("b", "d/new").await.is_err(),
+            "the service has not seen the create"
+        );
+        assert_eq!(fs.lookup(d, "new").await.expect("listed").attr.size, 0);
+        fs.write(opened.fh, 0, bytes::Bytes::from_static(b"hi"))
+            .await
+            .expect("write");
+        fs.flush(opened.fh).await.expect("flush");
+        fs.release_write(opened.fh).await;
+        let made = env.client.get_object("b", "d/new").await.expect("created");
+        assert_eq!(made.size, 2);
+        assert_eq!(fs.lookup(d, "new").await.expect("new").attr.size, 2);
     });
 }

@@ -1,9 +1,11 @@
 //! The writer's state machine through `fs` alone, against the in-process emulator: a writer
-//! fenced by another stays failed, and a rewrite stages then uploads a new generation.
+//! fenced by another stays failed, a rewrite stages then uploads a new generation, and a
+//! create sent without waiting for its answer is made good by the first flush.
 
 mod fs_support;
 
 use fs_support::FsEnv;
+use rapidfs::emulator::Faults;
 use rapidfs::fs::{Errno, ROOT_INO};
 
 #[test]
@@ -134,5 +136,97 @@ fn sync_persists_appends_only_and_stop_persists_all_then_refuses_writes() {
         );
         fs.release_write(log.fh).await;
         fs.release_write(edit.fh).await;
+    });
+}
+
+/// A create without O_EXCL goes out without waiting for the service (its answer comes with
+/// the first flush): whatever happens before that answer, a flushed file is in the bucket
+/// with exactly its bytes, under the inode the kernel was given, and readable from it.
+#[test]
+fn a_create_not_yet_answered_is_made_good_by_the_first_flush() {
+    let env = FsEnv::new("b", |_| {});
+    env.put("old", b"the old bytes");
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        // Nothing written: close alone must leave the object (`touch`).
+        let (e, empty) = fs
+            .create(ROOT_INO, "empty", libc::O_WRONLY)
+            .await
+            .expect("create");
+        assert_eq!(fs.getattr(e.attr.ino).await.expect("attr").size, 0);
+        fs.flush(empty.fh).await.expect("flush");
+        fs.release_write(empty.fh).await;
+        assert_eq!(
+            env.client
+                .get_object("b", "empty")
+                .await
+                .expect("object")
+                .size,
+            0
+        );
+
+        // Replacing an object, then reading the new bytes through the same inode.
+        let (e, w) = fs
+            .create(ROOT_INO, "old", libc::O_RDWR)
+            .await
+            .expect("create");
+        fs.write(w.fh, 0, b"new".to_vec().into())
+            .await
+            .expect("write");
+        fs.flush(w.fh).await.expect("flush");
+        assert_eq!(
+            fs.lookup(ROOT_INO, "old").await.expect("lookup").attr.ino,
+            e.attr.ino
+        );
+        let r = fs.open(e.attr.ino, false, false).await.expect("open");
+        assert_eq!(&fs.read(r.fh, 0, 100).await.expect("read")[..], b"new");
+        fs.release(r.fh);
+        fs.release_write(w.fh).await;
+
+        // O_EXCL waits for the service, so it still answers EEXIST itself.
+        let excl = fs
+            .create(ROOT_INO, "old", libc::O_WRONLY | libc::O_EXCL)
+            .await;
+        assert_eq!(excl.err(), Some(Errno(libc::EEXIST)));
+
+        // An unlink right after the create deletes what the create made.
+        let (_, u) = fs
+            .create(ROOT_INO, "gone", libc::O_WRONLY)
+            .await
+            .expect("create");
+        fs.unlink(ROOT_INO, "gone").await.expect("unlink");
+        fs.release_write(u.fh).await;
+        assert!(
+            env.client.get_object("b", "gone").await.is_err(),
+            "deleted for good"
+        );
+
+        // Streams refused at their open: the create goes out again, then the bytes.
+        env.emu().set_faults(Faults {
+            unavailable_every: Some(2),
+            ..Faults::default()
+        });
+        for n in 0..6u8 {
+            let name = format!("f{n}");
+            let (_, h) = fs
+                .create(ROOT_INO, &name, libc::O_WRONLY)
+                .await
+                .expect("create");
+            fs.write(h.fh, 0, vec![n; 1000 + usize::from(n)].into())
+                .await
+                .expect("write");
+            fs.flush(h.fh).await.expect("flush");
+            fs.release_write(h.fh).await;
+        }
+        env.emu().set_faults(Faults::default());
+        for n in 0..6u8 {
+            let name = format!("f{n}");
+            let r = env
+                .client
+                .open_reader("b", &name, None)
+                .await
+                .expect("reader");
+            assert_eq!(r.metadata().size, 1000 + u64::from(n), "{name}");
+        }
     });
 }

@@ -11,7 +11,7 @@ use rapidfs::emulator::Faults;
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::time::{Duration, Instant};
-use write_support::{bytes, chunk, chunks, client, crc_of, errno_of, meta, MIB};
+use write_support::{bytes, chunk, chunks, client, crc_of, created, errno_of, meta, MIB};
 
 const BUCKET: &str = "writes";
 
@@ -31,8 +31,8 @@ fn a_written_file_is_an_unfinalized_object_with_every_byte() {
     let m = env.mount(BUCKET, &env.config());
     let c = client(&env.rt, &env.emu().endpoint());
     let mut f = std::fs::File::create(m.p("log.bin")).expect("create");
-    let created = meta(&env.rt, &c, BUCKET, "log.bin");
-    assert_eq!(created.size, 0, "the object exists from create on");
+    let at_create = created(&env.rt, &c, BUCKET, "log.bin");
+    assert_eq!(at_create.size, 0, "the object exists from create on");
     write_chunks(&mut f, 1, 8, 4);
     f.write_all(b"tail").expect("write");
     // stat on the mount shows the growing size before any fsync.
@@ -50,7 +50,7 @@ fn a_written_file_is_an_unfinalized_object_with_every_byte() {
     want.extend_from_slice(b"more");
     let after = meta(&env.rt, &c, BUCKET, "log.bin");
     assert_eq!(after.size, want.len() as u64, "close persisted everything");
-    assert_eq!(after.generation, created.generation, "one generation");
+    assert_eq!(after.generation, at_create.generation, "one generation");
     assert!(!after.finalized, "close leaves the object appendable");
     assert!(bytes(&env.rt, &c, BUCKET, "log.bin") == want);
     assert!(std::fs::read(m.p("log.bin")).expect("reread") == want);
@@ -65,7 +65,7 @@ fn a_256_mib_file_takes_one_stream_and_no_resends() {
     let c = client(&env.rt, &env.emu().endpoint());
     env.emu().reset_stats();
     let mut f = std::fs::File::create(m.p("big.bin")).expect("create");
-    let generation = meta(&env.rt, &c, BUCKET, "big.bin").generation;
+    let generation = created(&env.rt, &c, BUCKET, "big.bin").generation;
     write_chunks(&mut f, 2, 256, 0);
     drop(f);
     let got = meta(&env.rt, &c, BUCKET, "big.bin");

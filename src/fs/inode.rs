@@ -89,6 +89,12 @@ pub struct ObjMeta {
     pub mtime: UnixNanos,
 }
 
+/// The generation of a file created through this mount whose create the service has not
+/// answered yet (see `gcs::AppendWriter::create_unanswered`). Larger than any real one, so a
+/// listing entry that still carries it never looks newer than the inode that learned the real
+/// one; the first flush of the file learns it.
+pub const PENDING_GENERATION: i64 = i64::MAX;
+
 impl ObjMeta {
     /// (generation, size): what tells two versions of an object apart.
     pub fn identity(&self) -> (i64, u64) {
@@ -230,15 +236,10 @@ impl Inode {
         (s.meta(), instant_of(s.checked))
     }
 
-    /// Records freshly fetched metadata of the inode's generation and returns what the inode
-    /// now holds: a newer generation belongs to a new inode (see `InodeTable::lookup`), so it
-    /// only restarts the TTL here.
-    pub fn refresh(&self, meta: ObjMeta) -> ObjMeta {
-        self.refresh_as_of(meta, Instant::now())
-    }
-
-    /// `refresh` with metadata as the service told it at `as_of` (a listing's time, the start
-    /// of a call), unless the inode learned its own later: a write through this mount notes
+    /// Records metadata of the inode's generation as the service told it at `as_of` (a
+    /// listing's time, the start of a call) and returns what the inode now holds: a newer
+    /// generation belongs to a new inode (see `InodeTable::lookup`), so it only restarts the
+    /// TTL here. Nothing changes when the inode learned its own metadata later: a write through this mount notes
     /// the size it persisted, and a listing taken before that (the size 0 of a new file) must
     /// not take it back. The kernel would believe the reply and read the file as empty.
     pub fn refresh_as_of(&self, meta: ObjMeta, as_of: Instant) -> ObjMeta {
@@ -253,6 +254,31 @@ impl Inode {
                 s.meta = meta;
                 meta
             }
+        }
+    }
+
+    /// Records what a write through this mount made durable: the size, now as the mtime, and
+    /// the generation when the inode had only `PENDING_GENERATION`.
+    pub fn note_written(&self, generation: i64, size: u64) {
+        let mut s = self.state();
+        if s.meta().is_none() {
+            return;
+        }
+        if s.meta.generation == PENDING_GENERATION && generation != 0 {
+            s.meta.generation = generation;
+        }
+        s.meta.size = size;
+        s.meta.mtime = SystemTime::now().into();
+        s.checked = ticks(Instant::now());
+    }
+
+    /// Forgets the metadata of a file whose create never reached the service, so the next
+    /// look at it asks the service (and finds nothing).
+    pub fn forget_pending(&self) {
+        let mut s = self.state();
+        if s.meta.generation == PENDING_GENERATION {
+            s.meta = UNKNOWN;
+            s.checked = 0;
         }
     }
 
@@ -492,7 +518,9 @@ impl InodeTable {
             .as_ref()
             .filter(|inode| inode.kind == kind)
             .filter(|inode| match (inode.meta().0, meta) {
-                (Some(old), Some(new)) => new.generation <= old.generation,
+                (Some(old), Some(new)) => {
+                    new.generation <= old.generation || new.generation == PENDING_GENERATION
+                }
                 _ => true,
             });
         let inode = match existing {
@@ -750,7 +778,7 @@ mod tests {
         let v2 = t.lookup("f", Kind::File, Some(meta(2, 5)));
         assert_ne!(v1.ino, v2.ino);
         assert_eq!(
-            v1.refresh(meta(2, 5)),
+            v1.refresh_as_of(meta(2, 5), Instant::now()),
             meta(1, 20),
             "old inode stays pinned"
         );
@@ -769,17 +797,43 @@ mod tests {
         let created = t.lookup("f", Kind::File, Some(meta(1, 0)));
         let listed_at = Instant::now();
         std::thread::sleep(Duration::from_millis(1));
-        created.refresh(meta(1, 18));
+        created.note_written(1, 18);
         let again = t.lookup_as_of("f", Kind::File, Some(meta(1, 0)), listed_at);
         assert_eq!(
-            again.meta().0,
-            Some(meta(1, 18)),
+            again.meta().0.map(|m| m.identity()),
+            Some((1, 18)),
             "a listing from before the write"
         );
         assert_eq!(
             again.refresh_as_of(meta(1, 30), Instant::now()),
             meta(1, 30)
         );
+    }
+
+    #[test]
+    fn a_file_created_unanswered_learns_its_generation_and_keeps_its_inode() {
+        let t = InodeTable::new(String::new());
+        let created = t.lookup("f", Kind::File, Some(meta(PENDING_GENERATION, 0)));
+        let fetched = t.lookup("f", Kind::File, Some(meta(7, 0)));
+        assert_eq!(
+            fetched.ino, created.ino,
+            "the object is not newer than the create"
+        );
+        assert_eq!(
+            created.meta().0.map(|m| m.generation),
+            Some(PENDING_GENERATION)
+        );
+        created.note_written(7, 12);
+        assert_eq!(created.meta().0.map(|m| m.identity()), Some((7, 12)));
+        let listed = t.lookup("f", Kind::File, Some(meta(PENDING_GENERATION, 0)));
+        assert_eq!(listed.ino, created.ino, "a listing taken before the flush");
+        assert_eq!(created.meta().0.map(|m| m.identity()), Some((7, 12)));
+        created.forget_pending();
+        assert!(created.meta().0.is_some(), "a learned generation stays");
+
+        let failed = t.lookup("g", Kind::File, Some(meta(PENDING_GENERATION, 0)));
+        failed.forget_pending();
+        assert_eq!(failed.meta(), (None, None), "a create never answered");
     }
 
     #[test]

@@ -31,6 +31,7 @@ mod seq;
 mod staging;
 mod superblock;
 mod symlink;
+mod unanswered;
 mod warmup;
 mod write;
 mod write_budget;

@@ -14,7 +14,7 @@
 
 use super::dir::ListedEntry;
 use super::error::{log_err, Errno, FsResult};
-use super::inode::{Inode, Kind};
+use super::inode::{Inode, Kind, PENDING_GENERATION};
 use super::{names, Entry, Fs};
 use crate::gcs::{self, ListRequest};
 
@@ -52,10 +52,17 @@ impl Fs {
         let dir = self.dir_inode(parent)?;
         let i = &self.inner;
         let key = names::file_key(&dir.key(), name);
-        let known =
-            i.sb.held(&key, Kind::File)
-                .and_then(|n| n.meta().0)
-                .map(|m| m.generation);
+        let held = i.sb.held(&key, Kind::File);
+        if let Some(n) = &held {
+            if n.meta()
+                .0
+                .is_some_and(|m| m.generation == PENDING_GENERATION)
+            {
+                // Its create may still be on its way: a delete could overtake it.
+                let _ = i.writes.settle(n.ino).await;
+            }
+        }
+        let known = held.and_then(|n| n.meta().0).map(|m| m.generation);
         let mut tries = match known {
             Some(g) => vec![Some(g), None],
             None => vec![None],

@@ -10,6 +10,7 @@ use super::error::{self, Errno, FsResult};
 use super::inode::{Inode, InodeTable, Kind, ObjMeta};
 use super::list_parallel::list_request;
 use super::listing::{EntryRef, Listing};
+use super::unanswered::{self, Unanswered};
 use super::{lock, names};
 use crate::config::FsConfig;
 use crate::gcs::{self, Client, ListRequest};
@@ -166,6 +167,9 @@ pub(super) struct Superblock {
     /// Directory renames so far: each drops every cached listing at once, and an edit that
     /// read a listing before one must not put it back.
     dir_renames: AtomicU64,
+    /// Files created whose create may not have reached the service: every listing fetched
+    /// gets them.
+    unanswered: Unanswered,
 }
 
 impl Superblock {
@@ -189,6 +193,7 @@ impl Superblock {
             warnings: Arc::default(),
             changes: Arc::default(),
             dir_renames: AtomicU64::new(0),
+            unanswered: Unanswered::default(),
         }
     }
 
@@ -317,10 +322,12 @@ impl Superblock {
         let listing = call
             .get_or_init(|| async {
                 let since = self.changes.count(dkey);
+                let pending = self.unanswered.in_dir(dkey);
                 let req = list_request(dkey, self.list_options.page_size);
                 match self.client.list_page(&self.bucket, &req).await {
                     Ok(page) if page.next_page_token.is_empty() => {
-                        let listing = Arc::new(merge(dkey, vec![page], &self.warnings));
+                        let listing = merge(dkey, vec![page], &self.warnings);
+                        let listing = Arc::new(self.completed(dkey, listing, &pending));
                         keep_listing(listings, &self.changes, since, dkey, &listing);
                         Some(listing)
                     }
@@ -357,6 +364,11 @@ impl Superblock {
             return;
         };
         if probes.fetch_add(1, Ordering::Relaxed) != PROBES_BEFORE_LISTING - 1 {
+            return;
+        }
+        if !self.unanswered.in_dir(dkey).is_empty() {
+            // It could come back without a file just created; as many probes later, again.
+            probes.store(0, Ordering::Relaxed);
             return;
         }
         let (client, bucket, dkey) = (self.client.clone(), self.bucket.clone(), dkey.to_string());
@@ -541,6 +553,7 @@ impl Superblock {
         }
         let dkey = dir.key();
         let since = self.changes.count(&dkey);
+        let pending = self.unanswered.in_dir(&dkey);
         let listing = list_dir(
             &self.client,
             &self.bucket,
@@ -549,7 +562,7 @@ impl Superblock {
             self.list_options,
         )
         .await
-        .map(Arc::new)
+        .map(|l| Arc::new(self.completed(&dkey, l, &pending)))
         .map_err(|e| error::log_err("list", &dkey, &e))?;
         if let Some(c) = &self.listings {
             keep_listing(c, &self.changes, since, &dkey, &listing);
@@ -571,6 +584,7 @@ impl Superblock {
             return Ok(None);
         }
         let since = self.changes.count(dkey);
+        let pending = self.unanswered.in_dir(dkey);
         let listing = list_dir(
             &self.client,
             &self.bucket,
@@ -579,6 +593,7 @@ impl Superblock {
             self.list_options,
         )
         .await
+        .map(|l| self.completed(dkey, l, &pending))
         .map_err(|e| error::log_err("list", dkey, &e))?;
         let subdirs = listing
             .iter()
@@ -678,6 +693,7 @@ impl Superblock {
     /// taken while it grew, holds an old size, and gets the inode's. No other listing
     /// changed.
     pub(super) fn written(&self, inode: &Inode) {
+        self.unanswered.remove(inode);
         let key = inode.key();
         let (dkey, name) = (names::parent_dir(&key), names::base_name(&key));
         self.changes.changed(dkey);
@@ -711,6 +727,25 @@ impl Superblock {
                 _ => moka::ops::compute::Op::Remove,
             }
         });
+    }
+
+    /// File `inode` was just created without waiting for the service's answer: listings
+    /// fetched until its writer's first release get it, should they overtake the create.
+    pub(super) fn created_unanswered(&self, inode: &Inode) {
+        self.unanswered.add(inode);
+    }
+
+    /// `listing` of `dkey`, fetched from the service, with the files `pending` before it
+    /// was asked for that it lacks (see `unanswered.rs`).
+    fn completed(&self, dkey: &str, listing: Listing, pending: &[Inode]) -> Listing {
+        if pending.is_empty() {
+            return listing;
+        }
+        unanswered::complete(listing, dkey, pending, |key, inode| {
+            self.inodes
+                .find(key, Kind::File)
+                .is_some_and(|named| named.ino == inode.ino)
+        })
     }
 
     /// Directory `parent` changed through the mount; called before its listing is edited.

@@ -30,7 +30,7 @@ use bytes::Bytes;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 use tokio::sync::Semaphore;
 
 /// A write waiting this long for budget makes idle writers' bytes durable.
@@ -99,7 +99,7 @@ async fn persist_stream(fw: &FileWriter, st: &mut State) -> FsResult<()> {
     match w.flush().await {
         Ok(persisted) => {
             held.settle(0);
-            note_size(&fw.inode, persisted);
+            fw.inode.note_written(w.generation(), persisted);
             Ok(())
         }
         Err(e) => {
@@ -107,15 +107,6 @@ async fn persist_stream(fw: &FileWriter, st: &mut State) -> FsResult<()> {
             *st = State::Failed(errno);
             Err(errno)
         }
-    }
-}
-
-/// Records `size` (and now as mtime) as the inode's current size, keeping its generation.
-fn note_size(inode: &Inode, size: u64) {
-    if let Some(mut m) = inode.meta().0 {
-        m.size = size;
-        m.mtime = SystemTime::now().into();
-        inode.refresh(m);
     }
 }
 
@@ -374,13 +365,12 @@ impl Writes {
         let State::Open { w, held } = std::mem::replace(st, State::Done) else {
             return State::Failed(Errno::EIO);
         };
-        let generation = w.generation();
         let closed = w.close().await;
         drop(held);
-        let size = match closed {
+        let (generation, size) = match closed {
             Ok(meta) => {
-                note_size(&fw.inode, meta.size);
-                meta.size
+                fw.inode.note_written(meta.generation, meta.size);
+                (meta.generation, meta.size)
             }
             Err(e) => return State::Failed(log_err("stage", &key, &e)),
         };
@@ -532,7 +522,11 @@ impl Writes {
                 }
                 return fw.inode.clone();
             }
-            _ => return fw.inode.clone(),
+            _ => {
+                // A failed writer may never have had its create answered.
+                fw.inode.forget_pending();
+                return fw.inode.clone();
+            }
         };
         let key = &*fw.inode.key();
         let w = *w;
@@ -543,9 +537,10 @@ impl Writes {
         };
         drop(held);
         match ended {
-            Ok(meta) => note_size(&fw.inode, meta.size),
+            Ok(meta) => fw.inode.note_written(meta.generation, meta.size),
             Err(e) => {
                 log_err("close", key, &e);
+                fw.inode.forget_pending();
             }
         }
         fw.inode.clone()

@@ -4,7 +4,7 @@
 
 use super::dir::ListedEntry;
 use super::error::{log_err, Errno, FsResult};
-use super::inode::{Kind, ObjMeta};
+use super::inode::{Kind, ObjMeta, PENDING_GENERATION};
 use super::{names, read, write, Attr, Entry, Fs, Opened};
 use bytes::Bytes;
 use std::sync::Arc;
@@ -48,18 +48,27 @@ impl Fs {
         }
         let i = &self.inner;
         let key = names::file_key(&dir.key(), name);
+        // O_EXCL must answer EEXIST from create itself, so it waits for the service. Any
+        // other create replaces whatever the name holds, and a create-write-close of a small
+        // file is a round trip shorter when the answer is taken in by the first flush: until
+        // then the inode's generation is PENDING_GENERATION, and everything that needs the
+        // object (another open, rename, unlink) flushes first.
         let exclusive = flags & libc::O_EXCL != 0;
-        let w = i
-            .client
-            .create_appendable(&i.bucket, &key, exclusive.then_some(0))
-            .await
-            .map_err(|e| match e {
-                crate::gcs::Error::PreconditionFailed(_) if exclusive => Errno(libc::EEXIST),
-                e => log_err("create", &key, &e),
-            })?;
+        let created = if exclusive {
+            i.client.create_appendable(&i.bucket, &key, Some(0)).await
+        } else {
+            i.client.create_appendable_unanswered(&i.bucket, &key).await
+        };
+        let w = created.map_err(|e| match e {
+            crate::gcs::Error::PreconditionFailed(_) if exclusive => Errno(libc::EEXIST),
+            e => log_err("create", &key, &e),
+        })?;
         let now = SystemTime::now().into();
         let meta = ObjMeta {
-            generation: w.generation(),
+            generation: match w.generation() {
+                0 => PENDING_GENERATION,
+                g => g,
+            },
             size: 0,
             mtime: now,
         };
@@ -73,6 +82,9 @@ impl Fs {
             },
         );
         let inode = i.sb.found(&key, Kind::File, Some(meta));
+        if meta.generation == PENDING_GENERATION {
+            i.sb.created_unanswered(&inode);
+        }
         inode.note_open(meta.identity(), i.prefetch.open_clock(0));
         let fh = i
             .handles

@@ -45,6 +45,20 @@ pub fn meta(rt: &tokio::runtime::Runtime, c: &Client, bucket: &str, name: &str) 
         .unwrap_or_else(|e| panic!("get_object {name}: {e}"))
 }
 
+/// The metadata of an object a create through the mount has just sent: the create does not
+/// wait for the service's answer, so the object appears a moment later, with nothing
+/// written or flushed.
+pub fn created(rt: &tokio::runtime::Runtime, c: &Client, bucket: &str, name: &str) -> ObjectMeta {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match rt.block_on(c.get_object(bucket, name)) {
+            Ok(m) => return m,
+            Err(e) if std::time::Instant::now() > deadline => panic!("{name} never created: {e}"),
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(1)),
+        }
+    }
+}
+
 /// The object's bytes as the service has them.
 pub fn bytes(rt: &tokio::runtime::Runtime, c: &Client, bucket: &str, name: &str) -> Vec<u8> {
     rt.block_on(async {

@@ -1,0 +1,90 @@
+//! Files created through this mount whose create the service may not have seen yet: a
+//! create without O_EXCL goes out without waiting for its answer (see `Fs::create`), so a
+//! listing asked for right after it can overtake it on its way and come back without the
+//! file. Every listing fetched is completed with the files that were pending when it was
+//! asked for and that it lacks, as long as their name still leads to them. A file counts as
+//! pending from its create to the first release of a handle writing it, by which time its
+//! create has been answered (or has failed, and the file is gone with its writer).
+//!
+//! Touches only the inodes it is given and the listings it is handed.
+
+use super::dir::ListedEntry;
+use super::inode::{Inode, Kind};
+use super::listing::Listing;
+use super::{lock, names};
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// The pending files, by the key of their directory.
+#[derive(Default)]
+pub struct Unanswered {
+    by_dir: Mutex<HashMap<String, Vec<Inode>>>,
+}
+
+impl Unanswered {
+    /// File `inode` was just created, its create not yet answered.
+    pub fn add(&self, inode: &Inode) {
+        let key = inode.key();
+        lock(&self.by_dir)
+            .entry(names::parent_dir(&key).to_string())
+            .or_default()
+            .push(inode.clone());
+    }
+
+    /// A handle writing `inode` was released: its create is answered by now, if it ever is.
+    pub fn remove(&self, inode: &Inode) {
+        let mut by_dir = lock(&self.by_dir);
+        if by_dir.is_empty() {
+            return;
+        }
+        let key = inode.key();
+        let dkey = names::parent_dir(&key);
+        if let Some(files) = by_dir.get_mut(dkey) {
+            files.retain(|f| f.ino != inode.ino);
+            if files.is_empty() {
+                by_dir.remove(dkey);
+            }
+        }
+    }
+
+    /// The files pending in directory `dkey` now: taken before its listing is asked for.
+    pub fn in_dir(&self, dkey: &str) -> Vec<Inode> {
+        let by_dir = lock(&self.by_dir);
+        if by_dir.is_empty() {
+            return Vec::new();
+        }
+        by_dir.get(dkey).cloned().unwrap_or_default()
+    }
+}
+
+/// `listing` of directory `dkey` with each of `pending` (see `Unanswered::in_dir`) that it
+/// lacks, still in that directory and still the file its name leads to (`named`): not
+/// unlinked, renamed away or replaced since.
+pub fn complete(
+    listing: Listing,
+    dkey: &str,
+    pending: &[Inode],
+    named: impl Fn(&str, &Inode) -> bool,
+) -> Listing {
+    let mut listing = listing;
+    for inode in pending {
+        let key = inode.key();
+        if names::parent_dir(&key) != dkey || !named(&key, inode) {
+            continue;
+        }
+        let name = names::base_name(&key);
+        if listing.find(name).is_some() {
+            continue;
+        }
+        let Some(meta) = inode.meta().0 else {
+            continue;
+        };
+        listing = listing.with(&ListedEntry {
+            name: name.to_string(),
+            kind: Kind::File,
+            meta: Some(meta),
+            target: None,
+        });
+    }
+    listing
+}
