@@ -217,20 +217,83 @@ pub(crate) fn crc32c(data: &[u8]) -> u32 {
     crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, data) as u32
 }
 
-/// The CRC32C of `a` followed by `b`, from `a`'s CRC and length and `b`'s. The first piece
-/// of an object follows nothing and is its own CRC: combining (a few dozen 32x32 GF(2)
-/// matrix squarings) cost a small file's writer as much as checksumming its bytes.
+/// The CRC32C of `a` followed by `b`, from `a`'s CRC and length and `b`'s: `a`'s CRC times
+/// x^(8 * b_len), plus `b`'s, modulo the polynomial (the pre- and post-inversion of both
+/// cancel out). About thirty 32-bit carry-less products for a 1 MiB piece; the crc32c crate's
+/// GF(2) matrix squarings took 7% of the daemon's CPU on a large write.
 pub(crate) fn crc32c_concat(a: u32, a_len: u64, b: u32, b_len: usize) -> u32 {
     if a_len == 0 {
-        b
-    } else {
-        crc32c::crc32c_combine(a, b, b_len)
+        return b;
     }
+    let mut shift = X0;
+    let (mut n, mut k) = (b_len as u64, 3);
+    while n != 0 {
+        if n & 1 != 0 {
+            shift = mul_mod_p(X_2_POW[k], shift);
+        }
+        n >>= 1;
+        k += 1;
+    }
+    mul_mod_p(shift, a) ^ b
 }
+
+/// The CRC32C polynomial, bit-reversed as the CRC's registers hold it (bit 31 is x^0).
+const POLY_REFLECTED: u32 = 0x82F6_3B78;
+/// The polynomial 1 in that order.
+const X0: u32 = 1 << 31;
+
+/// a * b modulo the CRC32C polynomial, both bit-reversed.
+const fn mul_mod_p(a: u32, mut b: u32) -> u32 {
+    let mut product = 0;
+    let mut bit = X0;
+    while bit != 0 {
+        if a & bit != 0 {
+            product ^= b;
+        }
+        bit >>= 1;
+        b = if b & 1 != 0 {
+            (b >> 1) ^ POLY_REFLECTED
+        } else {
+            b >> 1
+        };
+    }
+    product
+}
+
+/// x^(2^k) modulo the polynomial, for every k a byte length's bits can ask for (3 + 64).
+const X_2_POW: [u32; 67] = {
+    let mut table = [0; 67];
+    let mut p = X0 >> 1;
+    let mut k = 0;
+    while k < 67 {
+        table[k] = p;
+        p = mul_mod_p(p, p);
+        k += 1;
+    }
+    table
+};
 
 #[cfg(test)]
 mod tests {
     use super::{crc32c, crc32c_concat};
+
+    #[test]
+    fn concatenated_crcs_match_the_crc32c_crate_at_any_length() {
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        for _ in 0..200 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let (a, b) = ((x >> 32) as u32, x as u32);
+            for len in [1, 7, 4096, 1 << 20, 2 << 20, (x >> 20) as usize] {
+                assert_eq!(
+                    crc32c_concat(a, 1, b, len),
+                    crc32c::crc32c_combine(a, b, len),
+                    "{a:08x} {b:08x} {len}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn concatenated_crcs_are_the_crc_of_the_whole() {
