@@ -44,7 +44,7 @@ impl Backend for MemoryBackend {
             }
             for (name, path) in files {
                 let bytes = Bytes::from(std::fs::read(&path)?);
-                let crc = crc32c::crc32c(&bytes);
+                let crc = crate::gcs::crc32c(&bytes);
                 let len = bytes.len() as u64;
                 let content = Content::new(
                     store.next_generation(),

@@ -345,7 +345,7 @@ impl Store {
         self.check_name(name)?;
         check_custom_metadata(&metadata)?;
         let len = segs.len();
-        let crc = segs.iter().fold(0u32, |c, s| crc32c::crc32c_append(c, s));
+        let crc = segs.crc();
         let segs = Arc::new(RwLock::new(segs));
         self.mutate(bucket, Refresh::One(name), Touched::Names(&[name]), |b| {
             pre.check(live(b, name))?;

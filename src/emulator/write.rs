@@ -333,7 +333,7 @@ impl Session {
                 )));
             }
             if let Some(crc) = d.crc32c {
-                let actual = crc32c::crc32c(&d.content);
+                let actual = crate::gcs::crc32c(&d.content);
                 if actual != crc {
                     return Err(Status::invalid_argument(format!(
                         "chunk crc32c mismatch at write_offset {}: the client sent {crc:#010x}, the {} bytes have {actual:#010x}",
@@ -401,7 +401,7 @@ impl Session {
                 }
                 if m.finish_write {
                     if let Some(expected) = expected_crc {
-                        let actual = segs.iter().fold(0u32, |c, s| crc32c::crc32c_append(c, s));
+                        let actual = segs.crc();
                         if actual != expected {
                             return Err(Status::invalid_argument(format!(
                                 "object crc32c mismatch: the client sent {expected:#010x}, the {} bytes have {actual:#010x}",
