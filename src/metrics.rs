@@ -100,7 +100,7 @@ pub fn builder() -> PrometheusBuilder {
 }
 
 /// Every FUSE operation that is recorded.
-const FUSE_OPS: [&str; 24] = [
+const FUSE_OPS: [&str; 25] = [
     "lookup",
     "getattr",
     "setattr",
@@ -119,6 +119,7 @@ const FUSE_OPS: [&str; 24] = [
     "flush",
     "release",
     "fsync",
+    "fsyncdir",
     "opendir",
     "readdir",
     "readdirplus",

@@ -165,11 +165,15 @@ fn a_create_not_yet_answered_is_made_good_by_the_first_flush() {
             0
         );
 
-        // Replacing an object, then reading the new bytes through the same inode.
+        // Replacing an object the mount knows, then reading the new bytes through the inode
+        // the create gave (not the old version's).
+        let old = fs.lookup(ROOT_INO, "old").await.expect("old").attr;
         let (e, w) = fs
             .create(ROOT_INO, "old", libc::O_RDWR)
             .await
             .expect("create");
+        assert_ne!(e.attr.ino, old.ino, "a new version, a new inode");
+        assert_eq!(e.attr.size, 0, "not the old version's size");
         fs.write(w.fh, 0, b"new".to_vec().into())
             .await
             .expect("write");
@@ -228,5 +232,78 @@ fn a_create_not_yet_answered_is_made_good_by_the_first_flush() {
                 .expect("reader");
             assert_eq!(r.metadata().size, 1000 + u64::from(n), "{name}");
         }
+    });
+}
+
+/// Creates `name` in `parent` while the service refuses the create's stream, and returns its
+/// handle once the refusal is in: the service has not seen the file (its writer sends the
+/// create again at its first flush).
+async fn create_unseen(env: &FsEnv, parent: u64, name: &str) -> u64 {
+    env.emu().set_faults(Faults {
+        unavailable_every: Some(1),
+        ..Faults::default()
+    });
+    let injected = env.emu().stats().faults_injected;
+    let (_, opened) = env
+        .fs
+        .create(parent, name, libc::O_WRONLY)
+        .await
+        .expect("create");
+    while env.emu().stats().faults_injected == injected {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    env.emu().set_faults(Faults::default());
+    opened.fh
+}
+
+/// What must find a file at the service waits for its create's answer: a rename onto it (or
+/// the create would land after the move and replace what was moved), the removal of its
+/// directory (ENOTEMPTY, not a folder deleted under it), the rename of its directory (or it
+/// would land under the old name), and an fsync of its directory.
+#[test]
+fn what_needs_a_created_file_at_the_service_waits_for_its_create() {
+    let env = FsEnv::new("b", |_| {});
+    env.put("g", b"moved bytes");
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let f = create_unseen(&env, ROOT_INO, "f").await;
+        fs.rename(ROOT_INO, "g", ROOT_INO, "f", 0)
+            .await
+            .expect("rename onto the new file");
+        fs.release_write(f).await;
+        let r = env.client.open_reader("b", "f", None).await.expect("f");
+        assert_eq!(
+            r.metadata().size,
+            11,
+            "the moved object, not the later create"
+        );
+
+        let d = fs.mkdir(ROOT_INO, "d").await.expect("mkdir").attr.ino;
+        let inner = create_unseen(&env, d, "x").await;
+        assert_eq!(fs.rmdir(ROOT_INO, "d").await, Err(Errno(libc::ENOTEMPTY)));
+        fs.release_write(inner).await;
+
+        let d2 = fs.mkdir(ROOT_INO, "d2").await.expect("mkdir").attr.ino;
+        let y = create_unseen(&env, d2, "y").await;
+        fs.rename(ROOT_INO, "d2", ROOT_INO, "e2", 0)
+            .await
+            .expect("rename the directory");
+        fs.release_write(y).await;
+        assert!(
+            env.client.get_object("b", "e2/y").await.is_ok(),
+            "moved along"
+        );
+        assert!(
+            env.client.get_object("b", "d2/y").await.is_err(),
+            "not left behind"
+        );
+
+        let h = create_unseen(&env, ROOT_INO, "h").await;
+        fs.fsyncdir(ROOT_INO).await.expect("fsyncdir");
+        assert!(
+            env.client.get_object("b", "h").await.is_ok(),
+            "in the service once its directory is synced"
+        );
+        fs.release_write(h).await;
     });
 }

@@ -509,13 +509,33 @@ impl InodeTable {
         meta: Option<ObjMeta>,
         as_of: Instant,
     ) -> Inode {
+        self.find_or_make(key, kind, meta, as_of, false)
+    }
+
+    /// The inode of a file just created through this mount as `meta` describes: always a new
+    /// one (any older inode of the key keeps its generation and page cache), counted once.
+    pub fn created(&self, key: &str, meta: ObjMeta) -> Inode {
+        self.find_or_make(key, Kind::File, Some(meta), Instant::now(), true)
+    }
+
+    fn find_or_make(
+        &self,
+        key: &str,
+        kind: Kind,
+        meta: Option<ObjMeta>,
+        as_of: Instant,
+        new: bool,
+    ) -> Inode {
         debug_assert!(key_fits_kind(key, kind), "{key:?} as {kind:?}");
         let mut t = self.tables();
         let (holder, named) = t.holder_and_named(key);
         let number_free = holder.is_none();
         let named = named.cloned();
+        // A listing taken while a create was unanswered carries PENDING_GENERATION: that is
+        // the inode the create made, not a newer version.
         let existing = named
             .as_ref()
+            .filter(|_| !new)
             .filter(|inode| inode.kind == kind)
             .filter(|inode| match (inode.meta().0, meta) {
                 (Some(old), Some(new)) => {
@@ -813,7 +833,7 @@ mod tests {
     #[test]
     fn a_file_created_unanswered_learns_its_generation_and_keeps_its_inode() {
         let t = InodeTable::new(String::new());
-        let created = t.lookup("f", Kind::File, Some(meta(PENDING_GENERATION, 0)));
+        let created = t.created("f", meta(PENDING_GENERATION, 0));
         let fetched = t.lookup("f", Kind::File, Some(meta(7, 0)));
         assert_eq!(
             fetched.ino, created.ino,
@@ -831,7 +851,15 @@ mod tests {
         created.forget_pending();
         assert!(created.meta().0.is_some(), "a learned generation stays");
 
-        let failed = t.lookup("g", Kind::File, Some(meta(PENDING_GENERATION, 0)));
+        let recreated = t.created("f", meta(PENDING_GENERATION, 0));
+        assert_ne!(recreated.ino, created.ino, "a create over a known version");
+        assert_eq!(
+            recreated.meta().0.map(|m| m.identity()),
+            Some((PENDING_GENERATION, 0))
+        );
+        assert_eq!(created.meta().0.map(|m| m.identity()), Some((7, 12)));
+
+        let failed = t.created("g", meta(PENDING_GENERATION, 0));
         failed.forget_pending();
         assert_eq!(failed.meta(), (None, None), "a create never answered");
     }

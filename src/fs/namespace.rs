@@ -14,7 +14,7 @@
 
 use super::dir::ListedEntry;
 use super::error::{log_err, Errno, FsResult};
-use super::inode::{Inode, Kind, PENDING_GENERATION};
+use super::inode::{Inode, Kind};
 use super::{names, Entry, Fs};
 use crate::gcs::{self, ListRequest};
 
@@ -54,13 +54,8 @@ impl Fs {
         let key = names::file_key(&dir.key(), name);
         let held = i.sb.held(&key, Kind::File);
         if let Some(n) = &held {
-            if n.meta()
-                .0
-                .is_some_and(|m| m.generation == PENDING_GENERATION)
-            {
-                // Its create may still be on its way: a delete could overtake it.
-                let _ = i.writes.settle(n.ino).await;
-            }
+            // Its create may still be on its way: a delete could overtake it.
+            self.settle_created(n).await;
         }
         let known = held.and_then(|n| n.meta().0).map(|m| m.generation);
         let mut tries = match known {
@@ -144,6 +139,8 @@ impl Fs {
     /// Deletes the empty directory `dkey`: its folder and any marker object.
     async fn remove_dir(&self, dkey: &str) -> FsResult<()> {
         let i = &self.inner;
+        // A file created in it may not have reached the service yet.
+        self.settle_created_under(dkey).await;
         if self.dir_has_entries(dkey).await? {
             return Err(Errno(libc::ENOTEMPTY));
         }
@@ -202,6 +199,10 @@ impl Fs {
                     return Err(Errno::EISDIR);
                 }
                 let to = names::file_key(&to_dir.key(), newname);
+                if let Some(d) = &dst {
+                    // A create of the target still on its way would land after the move.
+                    self.settle_created(d).await;
+                }
                 self.move_file(&src, &to, flags & RENAME_NOREPLACE != 0)
                     .await?;
                 to
@@ -217,6 +218,8 @@ impl Fs {
                 if dst.is_some() {
                     self.remove_dir(&to).await?;
                 }
+                // Files created inside still on their way would land under the old name.
+                self.settle_created_under(&from).await;
                 let i = &self.inner;
                 i.client
                     .rename_folder(&i.bucket, &from, &to)

@@ -7,7 +7,7 @@
 use super::dir::{list_dir, merge, ListOptions, ListedEntry, ShadowWarnings};
 use super::dir_changes::DirChanges;
 use super::error::{self, Errno, FsResult};
-use super::inode::{Inode, InodeTable, Kind, ObjMeta};
+use super::inode::{Inode, InodeTable, Kind, ObjMeta, PENDING_GENERATION};
 use super::list_parallel::list_request;
 use super::listing::{EntryRef, Listing};
 use super::unanswered::{self, Unanswered};
@@ -169,7 +169,7 @@ pub(super) struct Superblock {
     dir_renames: AtomicU64,
     /// Files created whose create may not have reached the service: every listing fetched
     /// gets them.
-    unanswered: Unanswered,
+    unanswered: Arc<Unanswered>,
 }
 
 impl Superblock {
@@ -193,7 +193,7 @@ impl Superblock {
             warnings: Arc::default(),
             changes: Arc::default(),
             dir_renames: AtomicU64::new(0),
-            unanswered: Unanswered::default(),
+            unanswered: Arc::default(),
         }
     }
 
@@ -366,20 +366,21 @@ impl Superblock {
         if probes.fetch_add(1, Ordering::Relaxed) != PROBES_BEFORE_LISTING - 1 {
             return;
         }
-        if !self.unanswered.in_dir(dkey).is_empty() {
-            // It could come back without a file just created; as many probes later, again.
-            probes.store(0, Ordering::Relaxed);
-            return;
-        }
         let (client, bucket, dkey) = (self.client.clone(), self.bucket.clone(), dkey.to_string());
-        let (warnings, listings, changes) = (
+        let (warnings, listings, changes, unanswered) = (
             self.warnings.clone(),
             listings.clone(),
             self.changes.clone(),
+            self.unanswered.clone(),
         );
         let mut req = list_request(&dkey, self.list_options.page_size);
         tokio::spawn(async move {
             let since = changes.count(&dkey);
+            if !unanswered.in_dir(&dkey).is_empty() {
+                // It could come back without a file just created; as many probes later, again.
+                probes.store(0, Ordering::Relaxed);
+                return;
+            }
             let mut pages = Vec::new();
             loop {
                 let page = match client.list_page(&bucket, &req).await {
@@ -729,10 +730,21 @@ impl Superblock {
         });
     }
 
-    /// File `inode` was just created without waiting for the service's answer: listings
-    /// fetched until its writer's first release get it, should they overtake the create.
-    pub(super) fn created_unanswered(&self, inode: &Inode) {
-        self.unanswered.add(inode);
+    /// The inode of file `key`, just created through this mount as `meta` says: a new one,
+    /// counted once. A create the service has not answered yet (`PENDING_GENERATION`) is
+    /// added to the listings fetched until its writer's first release, should they overtake
+    /// it; call this before `created`, which tells them the directory changed.
+    pub(super) fn created_file(&self, key: &str, meta: ObjMeta) -> Inode {
+        let inode = self.inodes.created(key, meta);
+        if meta.generation == PENDING_GENERATION {
+            self.unanswered.add(&inode);
+        }
+        inode
+    }
+
+    /// Files in directory `dkey` or below whose create the service may not have seen yet.
+    pub(super) fn pending_under(&self, dkey: &str) -> Vec<Inode> {
+        self.unanswered.under(dkey)
     }
 
     /// `listing` of `dkey`, fetched from the service, with the files `pending` before it

@@ -2,9 +2,11 @@
 //! create without O_EXCL goes out without waiting for its answer (see `Fs::create`), so a
 //! listing asked for right after it can overtake it on its way and come back without the
 //! file. Every listing fetched is completed with the files that were pending when it was
-//! asked for and that it lacks, as long as their name still leads to them. A file counts as
-//! pending from its create to the first release of a handle writing it, by which time its
-//! create has been answered (or has failed, and the file is gone with its writer).
+//! asked for and that it lacks, as long as their name still leads to them. What must find
+//! them at the service (a rename onto one, an unlink, the fsync, removal or rename of their
+//! directory) waits for their answers first. A file counts as pending from its create to
+//! the first release of a handle writing it, by which time its create has been answered (or
+//! has failed, and the file is gone with its writer).
 //!
 //! Touches only the inodes it is given and the listings it is handed.
 
@@ -15,45 +17,47 @@ use super::{lock, names};
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-/// The pending files, by the key of their directory.
+/// The pending files by inode number, each with the directory it was created in.
 #[derive(Default)]
 pub struct Unanswered {
-    by_dir: Mutex<HashMap<String, Vec<Inode>>>,
+    files: Mutex<HashMap<u64, (String, Inode)>>,
 }
 
 impl Unanswered {
     /// File `inode` was just created, its create not yet answered.
     pub fn add(&self, inode: &Inode) {
-        let key = inode.key();
-        lock(&self.by_dir)
-            .entry(names::parent_dir(&key).to_string())
-            .or_default()
-            .push(inode.clone());
+        let dkey = names::parent_dir(&inode.key()).to_string();
+        lock(&self.files).insert(inode.ino, (dkey, inode.clone()));
     }
 
     /// A handle writing `inode` was released: its create is answered by now, if it ever is.
     pub fn remove(&self, inode: &Inode) {
-        let mut by_dir = lock(&self.by_dir);
-        if by_dir.is_empty() {
-            return;
-        }
-        let key = inode.key();
-        let dkey = names::parent_dir(&key);
-        if let Some(files) = by_dir.get_mut(dkey) {
-            files.retain(|f| f.ino != inode.ino);
-            if files.is_empty() {
-                by_dir.remove(dkey);
-            }
+        let mut files = lock(&self.files);
+        if !files.is_empty() {
+            files.remove(&inode.ino);
         }
     }
 
     /// The files pending in directory `dkey` now: taken before its listing is asked for.
     pub fn in_dir(&self, dkey: &str) -> Vec<Inode> {
-        let by_dir = lock(&self.by_dir);
-        if by_dir.is_empty() {
+        self.matching(|d| d == dkey)
+    }
+
+    /// The files pending in directory `dkey` or below it (every one for the root, "").
+    pub fn under(&self, dkey: &str) -> Vec<Inode> {
+        self.matching(|d| d.starts_with(dkey))
+    }
+
+    fn matching(&self, dir: impl Fn(&str) -> bool) -> Vec<Inode> {
+        let files = lock(&self.files);
+        if files.is_empty() {
             return Vec::new();
         }
-        by_dir.get(dkey).cloned().unwrap_or_default()
+        files
+            .values()
+            .filter(|(d, _)| dir(d))
+            .map(|(_, inode)| inode.clone())
+            .collect()
     }
 }
 

@@ -4,7 +4,7 @@
 
 use super::dir::ListedEntry;
 use super::error::{log_err, Errno, FsResult};
-use super::inode::{Kind, ObjMeta, PENDING_GENERATION};
+use super::inode::{Inode, Kind, ObjMeta, PENDING_GENERATION};
 use super::{names, read, write, Attr, Entry, Fs, Opened};
 use bytes::Bytes;
 use std::sync::Arc;
@@ -52,7 +52,8 @@ impl Fs {
         // other create replaces whatever the name holds, and a create-write-close of a small
         // file is a round trip shorter when the answer is taken in by the first flush: until
         // then the inode's generation is PENDING_GENERATION, and everything that needs the
-        // object (another open, rename, unlink) flushes first.
+        // object (another open, a rename of it or onto it, unlink, its directory's fsync,
+        // removal or rename) waits for the answer first.
         let exclusive = flags & libc::O_EXCL != 0;
         let created = if exclusive {
             i.client.create_appendable(&i.bucket, &key, Some(0)).await
@@ -72,6 +73,7 @@ impl Fs {
             size: 0,
             mtime: now,
         };
+        let inode = i.sb.created_file(&key, meta);
         i.sb.created(
             parent,
             ListedEntry {
@@ -81,10 +83,6 @@ impl Fs {
                 target: None,
             },
         );
-        let inode = i.sb.found(&key, Kind::File, Some(meta));
-        if meta.generation == PENDING_GENERATION {
-            i.sb.created_unanswered(&inode);
-        }
         inode.note_open(meta.identity(), i.prefetch.open_clock(0));
         let fh = i
             .handles
@@ -131,6 +129,34 @@ impl Fs {
             fh: opened.fh,
             keep_cache: false,
         })
+    }
+
+    /// Waits for the service to answer the create of `inode`, if it has not yet (see
+    /// `create`): what follows must find the object there. A create that failed leaves
+    /// nothing to find, which the caller learns from the service.
+    pub(super) async fn settle_created(&self, inode: &Inode) {
+        if inode
+            .meta()
+            .0
+            .is_some_and(|m| m.generation == PENDING_GENERATION)
+        {
+            let _ = self.inner.writes.settle(inode.ino).await;
+        }
+    }
+
+    /// `settle_created` for every file created in directory `dkey` or below it.
+    pub(super) async fn settle_created_under(&self, dkey: &str) {
+        for inode in self.inner.sb.pending_under(dkey) {
+            self.settle_created(&inode).await;
+        }
+    }
+
+    /// `fsync` of directory `ino`: the files created in it are in the service when it returns
+    /// (their bytes are each file's own fsync's business).
+    pub async fn fsyncdir(&self, ino: u64) -> FsResult<()> {
+        let dir = self.dir_inode(ino)?;
+        self.settle_created_under(&dir.key()).await;
+        Ok(())
     }
 
     /// Writes `data` at `offset` of handle `fh`: appends stream, anything else is staged.

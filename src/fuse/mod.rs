@@ -639,12 +639,13 @@ impl Filesystem for FuseAdapter {
     fn fsyncdir(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        reply.ok();
+        answer_later!(self, "fsyncdir", reply, |fs| fs.fsyncdir(ino.0), |()| reply
+            .ok());
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
