@@ -125,7 +125,14 @@ impl AppendWriter {
             write_offset: 0,
             ..Default::default()
         };
-        match stream::write(w.client.streams(), bucket, None, &msg).await {
+        let timeout = Duration::from_millis(w.client.config().call_timeout_ms);
+        let opened = tokio::time::timeout(
+            timeout,
+            stream::write(w.client.streams(), bucket, None, &msg),
+        )
+        .await
+        .unwrap_or_else(|_| Err(Status::deadline_exceeded("write stream open timed out")));
+        match opened {
             Ok((tx, rx)) => w.conn = Some(Conn { tx, rx }),
             Err(s) => w.recover(Fail::Stream(s)).await?,
         }
@@ -244,6 +251,7 @@ impl AppendWriter {
             let _ = tokio::time::timeout(timeout, drain).await;
         }
         let mut meta = ObjectMeta::from(&self.resource);
+        meta.generation = self.generation;
         meta.size = self.persisted;
         meta.finalized = false;
         Ok(meta)
