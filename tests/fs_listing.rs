@@ -5,7 +5,6 @@
 mod fs_support;
 
 use fs_support::FsEnv;
-use rapidfs::emulator::Faults;
 use rapidfs::fs::{Errno, Kind, ROOT_INO};
 
 /// Closing a file that wrote gives its directory's cached listing the new size, and leaves
@@ -230,17 +229,7 @@ fn a_listing_that_overtakes_a_create_still_shows_the_file() {
     let fs = &env.fs;
     env.rt.block_on(async {
         let d = fs.lookup(ROOT_INO, "d").await.expect("d").attr.ino;
-        env.emu().set_faults(Faults {
-            unavailable_every: Some(1),
-            ..Faults::default()
-        });
-        let injected = env.emu().stats().faults_injected;
-        let (_, opened) = fs.create(d, "new", libc::O_WRONLY).await.expect("create");
-        // The create returned before the service refused its stream.
-        while env.emu().stats().faults_injected == injected {
-            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-        }
-        env.emu().set_faults(Faults::default());
+        let new = env.create_unseen(d, "new").await;
         let (lists, _) = env.calls();
         fs.lookup(d, "a").await.expect("a");
         assert_eq!(env.calls().0, lists + 1, "d was listed");
@@ -249,11 +238,11 @@ fn a_listing_that_overtakes_a_create_still_shows_the_file() {
             "the service has not seen the create"
         );
         assert_eq!(fs.lookup(d, "new").await.expect("listed").attr.size, 0);
-        fs.write(opened.fh, 0, bytes::Bytes::from_static(b"hi"))
+        fs.write(new, 0, bytes::Bytes::from_static(b"hi"))
             .await
             .expect("write");
-        fs.flush(opened.fh).await.expect("flush");
-        fs.release_write(opened.fh).await;
+        fs.flush(new).await.expect("flush");
+        fs.release_write(new).await;
         let made = env.client.get_object("b", "d/new").await.expect("created");
         assert_eq!(made.size, 2);
         assert_eq!(fs.lookup(d, "new").await.expect("new").attr.size, 2);

@@ -235,27 +235,6 @@ fn a_create_not_yet_answered_is_made_good_by_the_first_flush() {
     });
 }
 
-/// Creates `name` in `parent` while the service refuses the create's stream, and returns its
-/// handle once the refusal is in: the service has not seen the file (its writer sends the
-/// create again at its first flush).
-async fn create_unseen(env: &FsEnv, parent: u64, name: &str) -> u64 {
-    env.emu().set_faults(Faults {
-        unavailable_every: Some(1),
-        ..Faults::default()
-    });
-    let injected = env.emu().stats().faults_injected;
-    let (_, opened) = env
-        .fs
-        .create(parent, name, libc::O_WRONLY)
-        .await
-        .expect("create");
-    while env.emu().stats().faults_injected == injected {
-        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-    }
-    env.emu().set_faults(Faults::default());
-    opened.fh
-}
-
 /// What must find a file at the service waits for its create's answer: a rename onto it (or
 /// the create would land after the move and replace what was moved), the removal of its
 /// directory (ENOTEMPTY, not a folder deleted under it), the rename of its directory (or it
@@ -266,7 +245,7 @@ fn what_needs_a_created_file_at_the_service_waits_for_its_create() {
     env.put("g", b"moved bytes");
     let fs = &env.fs;
     env.rt.block_on(async {
-        let f = create_unseen(&env, ROOT_INO, "f").await;
+        let f = env.create_unseen(ROOT_INO, "f").await;
         fs.rename(ROOT_INO, "g", ROOT_INO, "f", 0)
             .await
             .expect("rename onto the new file");
@@ -279,12 +258,12 @@ fn what_needs_a_created_file_at_the_service_waits_for_its_create() {
         );
 
         let d = fs.mkdir(ROOT_INO, "d").await.expect("mkdir").attr.ino;
-        let inner = create_unseen(&env, d, "x").await;
+        let inner = env.create_unseen(d, "x").await;
         assert_eq!(fs.rmdir(ROOT_INO, "d").await, Err(Errno(libc::ENOTEMPTY)));
         fs.release_write(inner).await;
 
         let d2 = fs.mkdir(ROOT_INO, "d2").await.expect("mkdir").attr.ino;
-        let y = create_unseen(&env, d2, "y").await;
+        let y = env.create_unseen(d2, "y").await;
         fs.rename(ROOT_INO, "d2", ROOT_INO, "e2", 0)
             .await
             .expect("rename the directory");
@@ -298,7 +277,7 @@ fn what_needs_a_created_file_at_the_service_waits_for_its_create() {
             "not left behind"
         );
 
-        let h = create_unseen(&env, ROOT_INO, "h").await;
+        let h = env.create_unseen(ROOT_INO, "h").await;
         fs.fsyncdir(ROOT_INO).await.expect("fsyncdir");
         assert!(
             env.client.get_object("b", "h").await.is_ok(),

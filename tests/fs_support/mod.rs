@@ -8,7 +8,7 @@ mod mount_support;
 
 use mount_support::Env;
 use rapidfs::config::Config;
-use rapidfs::emulator::Emulator;
+use rapidfs::emulator::{Emulator, Faults};
 use rapidfs::fs::{Fs, ROOT_INO};
 use rapidfs::gcs::Client;
 
@@ -56,6 +56,27 @@ impl FsEnv {
     pub fn calls(&self) -> (u64, u64) {
         let st = self.emu().stats();
         (st.list_calls, st.get_object_calls)
+    }
+
+    /// Creates `name` in directory `parent` while the service refuses the create's stream,
+    /// and returns its handle once the refusal is in: the service has not seen the file,
+    /// whose writer sends the create again at its first flush.
+    pub async fn create_unseen(&self, parent: u64, name: &str) -> u64 {
+        self.emu().set_faults(Faults {
+            unavailable_every: Some(1),
+            ..Faults::default()
+        });
+        let injected = self.emu().stats().faults_injected;
+        let (_, opened) = self
+            .fs
+            .create(parent, name, libc::O_WRONLY)
+            .await
+            .expect("create");
+        while self.emu().stats().faults_injected == injected {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        self.emu().set_faults(Faults::default());
+        opened.fh
     }
 
     /// The inode of `name` in the root directory.
