@@ -1,6 +1,7 @@
 //! The writer's state machine through `fs` alone, against the in-process emulator: a writer
-//! fenced by another stays failed, a rewrite stages then uploads a new generation, and a
-//! create sent without waiting for its answer is made good by the first flush.
+//! fenced by another stays failed, a rewrite stages then uploads a new generation, a create
+//! sent without waiting for its answer is made good by the first flush, and files unlinked
+//! or renamed while open go on writing.
 
 mod fs_support;
 
@@ -284,5 +285,56 @@ fn what_needs_a_created_file_at_the_service_waits_for_its_create() {
             "in the service once its directory is synced"
         );
         fs.release_write(h).await;
+    });
+}
+
+/// A file unlinked while open for writing goes on as POSIX has it: its handles write and read
+/// a copy nobody else sees, their close succeeds, and no object comes back. A file renamed
+/// while open goes on writing under its new name.
+#[test]
+fn an_open_file_unlinked_or_renamed_goes_on_writing() {
+    let env = FsEnv::new("b", |_| {});
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let (_, t) = fs
+            .create(ROOT_INO, "tmp", libc::O_RDWR)
+            .await
+            .expect("create");
+        fs.write(t.fh, 0, b"abc".to_vec().into())
+            .await
+            .expect("write");
+        fs.unlink(ROOT_INO, "tmp").await.expect("unlink while open");
+        fs.write(t.fh, 3, b"def".to_vec().into())
+            .await
+            .expect("write after unlink");
+        assert_eq!(&fs.read(t.fh, 0, 100).await.expect("read")[..], b"abcdef");
+        fs.flush(t.fh).await.expect("close after unlink");
+        fs.release_write(t.fh).await;
+        assert!(
+            env.client.get_object("b", "tmp").await.is_err(),
+            "gone for good"
+        );
+
+        let (_, a) = fs
+            .create(ROOT_INO, "a", libc::O_WRONLY)
+            .await
+            .expect("create");
+        fs.write(a.fh, 0, b"123".to_vec().into())
+            .await
+            .expect("write");
+        fs.rename(ROOT_INO, "a", ROOT_INO, "b", 0)
+            .await
+            .expect("rename while open");
+        fs.write(a.fh, 3, b"456".to_vec().into())
+            .await
+            .expect("write after rename");
+        fs.flush(a.fh).await.expect("close after rename");
+        fs.release_write(a.fh).await;
+        let r = env.client.open_reader("b", "b", None).await.expect("b");
+        assert_eq!(r.metadata().size, 6, "every byte under the new name");
+        assert!(
+            env.client.get_object("b", "a").await.is_err(),
+            "nothing left behind"
+        );
     });
 }

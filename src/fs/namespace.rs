@@ -56,8 +56,10 @@ impl Fs {
         if let Some(n) = &held {
             // Its create may still be on its way: a delete could overtake it.
             self.settle_created(n).await;
+            // Open for writing: the handles go on with a staged copy once the object is gone.
+            i.writes.stage_for_unlink(n.ino).await;
         }
-        let known = held.and_then(|n| n.meta().0).map(|m| m.generation);
+        let known = held.as_ref().and_then(|n| n.meta().0).map(|m| m.generation);
         let mut tries = match known {
             Some(g) => vec![Some(g), None],
             None => vec![None],
@@ -83,6 +85,9 @@ impl Fs {
                 Err(gcs::Error::NotFound(_) | gcs::Error::PreconditionFailed(_)) => continue,
                 Err(e) => return Err(log_err("unlink", &key, &e)),
             }
+        }
+        if let Some(n) = &held {
+            i.writes.unlinked(n.ino).await;
         }
         i.sb.removed(parent, name, &key, Kind::File);
         Ok(())
@@ -263,6 +268,7 @@ impl Fs {
             e => log_err("rename", &from, &e),
         })?;
         src.replace(super::inode::ObjMeta::from(&meta));
+        i.writes.moved(src.ino, meta.generation).await;
         Ok(())
     }
 }

@@ -56,6 +56,8 @@ struct Staged {
     base: i64,
     /// Changed since the last upload.
     dirty: bool,
+    /// The file was unlinked while open: its handles go on with this copy, never uploaded.
+    unlinked: bool,
 }
 
 /// The writer of one inode.
@@ -180,6 +182,57 @@ impl Writes {
                 fw.exact.load(Ordering::Acquire),
             )
         })
+    }
+
+    /// Moves the writer of `ino`, if any, to a staged copy of everything written so far, so
+    /// that its handles no longer need the object: `unlink` stages an open file before it
+    /// deletes its object, then calls `unlinked`.
+    pub async fn stage_for_unlink(&self, ino: u64) {
+        let Some(fw) = lock(&self.by_ino).get(&ino).map(|(fw, _)| fw.clone()) else {
+            return;
+        };
+        let mut st = fw.state.lock().await;
+        let next = match &*st {
+            State::Open { .. } => self.stage_stream(&fw, &mut st, None).await,
+            State::Idle { generation } => {
+                let size = fw.size.load(Ordering::Acquire);
+                self.stage_object(&fw.inode.key(), *generation, size).await
+            }
+            State::Staged(_) | State::Failed(_) | State::Done => return,
+        };
+        *st = next;
+    }
+
+    /// The object of `ino`'s writer was deleted (unlink while open): its staged copy, if it
+    /// has one, holds the file from now on and is never uploaded, so writes, reads and the
+    /// close of the open handles go on as POSIX has them. A writer that could not stage
+    /// keeps failing (EIO), as it would have.
+    pub async fn unlinked(&self, ino: u64) {
+        let Some(fw) = lock(&self.by_ino).get(&ino).map(|(fw, _)| fw.clone()) else {
+            return;
+        };
+        let mut st = fw.state.lock().await;
+        if let State::Staged(s) = &mut *st {
+            s.unlinked = true;
+        }
+    }
+
+    /// The object of `ino`'s writer was moved (rename while open) and is now `generation`
+    /// under the inode's new key: later writes continue on the moved object. Bytes streamed
+    /// but not yet persisted when the object moved cannot follow it: the writer fails (EIO),
+    /// as every writer of a moved object did before.
+    pub async fn moved(&self, ino: u64, generation: i64) {
+        let Some(fw) = lock(&self.by_ino).get(&ino).map(|(fw, _)| fw.clone()) else {
+            return;
+        };
+        let mut st = fw.state.lock().await;
+        match &mut *st {
+            State::Open { w, .. } if w.persisted() < w.written() => *st = State::Failed(Errno::EIO),
+            State::Open { .. } => *st = State::Idle { generation },
+            State::Idle { generation: g } => *g = generation,
+            State::Staged(s) => s.base = generation,
+            State::Failed(_) | State::Done => {}
+        }
     }
 
     /// Whether `ino` has a writer on this mount.
@@ -352,6 +405,7 @@ impl Writes {
                 file,
                 base: generation,
                 dirty: false,
+                unlinked: false,
             })),
             Err(e) => State::Failed(e),
         }
@@ -549,8 +603,13 @@ impl Writes {
 
 impl Writes {
     /// Uploads a staged copy as the new generation of its object, replacing exactly the
-    /// generation it was staged from (ESTALE when someone else replaced it meanwhile).
+    /// generation it was staged from (ESTALE when someone else replaced it meanwhile); the
+    /// copy of an unlinked file stays where it is.
     async fn upload(&self, fw: &FileWriter, s: &mut Staged) -> FsResult<()> {
+        if s.unlinked {
+            s.dirty = false;
+            return Ok(());
+        }
         let key = fw.inode.key();
         let (file, len) = (s.file.file(), s.file.size());
         let uploaded = self
