@@ -188,7 +188,7 @@ impl Writes {
     /// that its handles no longer need the object: `unlink` stages an open file before it
     /// deletes its object, then calls `unlinked`.
     pub async fn stage_for_unlink(&self, ino: u64) {
-        let Some(fw) = lock(&self.by_ino).get(&ino).map(|(fw, _)| fw.clone()) else {
+        let Some(fw) = self.writer_of(ino) else {
             return;
         };
         let mut st = fw.state.lock().await;
@@ -208,7 +208,7 @@ impl Writes {
     /// close of the open handles go on as POSIX has them. A writer that could not stage
     /// keeps failing (EIO), as it would have.
     pub async fn unlinked(&self, ino: u64) {
-        let Some(fw) = lock(&self.by_ino).get(&ino).map(|(fw, _)| fw.clone()) else {
+        let Some(fw) = self.writer_of(ino) else {
             return;
         };
         let mut st = fw.state.lock().await;
@@ -222,7 +222,7 @@ impl Writes {
     /// but not yet persisted when the object moved cannot follow it: the writer fails (EIO),
     /// as every writer of a moved object did before.
     pub async fn moved(&self, ino: u64, generation: i64) {
-        let Some(fw) = lock(&self.by_ino).get(&ino).map(|(fw, _)| fw.clone()) else {
+        let Some(fw) = self.writer_of(ino) else {
             return;
         };
         let mut st = fw.state.lock().await;
@@ -233,6 +233,11 @@ impl Writes {
             State::Staged(s) => s.base = generation,
             State::Failed(_) | State::Done => {}
         }
+    }
+
+    /// The writer of `ino`, while it has one.
+    fn writer_of(&self, ino: u64) -> Option<Arc<FileWriter>> {
+        lock(&self.by_ino).get(&ino).map(|(fw, _)| fw.clone())
     }
 
     /// Whether `ino` has a writer on this mount.
@@ -539,7 +544,7 @@ impl Writes {
 
     /// Makes the service hold everything written to `ino` so far, so a new reader sees it.
     pub async fn settle(&self, ino: u64) -> FsResult<()> {
-        let fw = lock(&self.by_ino).get(&ino).map(|(fw, _)| fw.clone());
+        let fw = self.writer_of(ino);
         match fw {
             Some(fw) => self.flush(&fw).await,
             None => Ok(()),
