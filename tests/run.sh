@@ -6,6 +6,10 @@ cd "$(dirname "$0")/.."
 
 source tests/setup.sh
 
+# A clean build gains nothing from incremental state, which would double the disk the
+# test binaries take (CI once ran out of disk while building).
+export CARGO_INCREMENTAL=0
+
 cargo fmt --check
 cargo clippy --all-targets -- -D warnings
 cargo test --no-fail-fast
