@@ -1,12 +1,13 @@
 //! The only module that knows fuser: decode kernel requests, call `fs`, reply.
 //!
-//! Every request that may wait on the network is answered from a tokio task, so no request
-//! waits behind another's round trip. What `fs` can answer from its caches alone (a listed
-//! lookup, an open with fresh metadata, a reading handle's release, a read of cached bytes)
-//! is answered on the FUSE thread: waking a runtime worker would cost more than the answer.
-//! A read is polled once there and moves to a task only when it has to wait. No filesystem
-//! logic lives here: only type conversions and the init negotiation; `session.rs` mounts and
-//! unmounts, `fusermount.rs` speaks fusermount3 and receives passed descriptors.
+//! Every request is polled once on the FUSE thread and moves to a tokio task only when it
+//! has to wait (on the network, a lock, the memory budget), so no request waits behind
+//! another's round trip. What `fs` can answer at once (a listed lookup, an open with fresh
+//! metadata, a read of cached bytes, a write that fits its stream's window, a create that
+//! does not wait for the service) is answered there: waking a runtime worker would cost more
+//! than the answer. No filesystem logic lives here: only type conversions and the init
+//! negotiation; `session.rs` mounts and unmounts, `fusermount.rs` speaks fusermount3 and
+//! receives passed descriptors.
 
 use crate::fs::{Attr, DirItem, Entry, Errno as FsErrno, Fs, FsResult, Kind, Opened, SetAttr};
 use fuser::{
@@ -112,14 +113,27 @@ fn file_attr(a: &Attr) -> FileAttr {
     }
 }
 
-/// Answers a request from a runtime task, the shape of every request that may wait on the
-/// network: `call` (an `FsResult` future over the filesystem bound to `fs`) runs, is recorded
-/// in the metrics as `op`, and `ok` answers its value, or the reply carries the errno.
-macro_rules! answer_later {
+/// Runs `answer` (the whole of a request's answer) on the calling FUSE thread until it first
+/// has to wait, and from there on a runtime worker, which polls it afresh. A request that
+/// need not wait is answered without a hand-off between threads: two context switches and
+/// a wake-up, which cost more than most answers (a small file's write, create, getattr).
+fn answer_soon(rt: &Handle, answer: impl Future<Output = ()> + Send + 'static) {
+    let mut answer = Box::pin(answer);
+    let _runtime = rt.enter();
+    let mut cx = std::task::Context::from_waker(futures::task::noop_waker_ref());
+    if answer.as_mut().poll(&mut cx).is_pending() {
+        rt.spawn(answer);
+    }
+}
+
+/// Answers a request through `answer_soon`, the shape of every request that may wait:
+/// `call` (an `FsResult` future over the filesystem bound to `fs`) runs, is recorded in the
+/// metrics as `op`, and `ok` answers its value, or the reply carries the errno.
+macro_rules! answer {
     ($adapter:expr, $op:expr, $reply:ident, |$fs:ident| $call:expr, |$value:pat_param| $ok:expr) => {{
         let t0 = Instant::now();
         let $fs = $adapter.fs.clone();
-        $adapter.rt.spawn(async move {
+        answer_soon(&$adapter.rt, async move {
             let result = $call.await;
             match metered($op, t0, result, nothing) {
                 Ok($value) => $ok,
@@ -187,7 +201,7 @@ impl FuseAdapter {
         let Some(name) = utf8(name) else {
             return reply.error(Errno::ENOENT);
         };
-        answer_later!(self, op, reply, |fs| call(fs, parent.0, name), |()| reply
+        answer!(self, op, reply, |fs| call(fs, parent.0, name), |()| reply
             .ok());
     }
 
@@ -199,7 +213,7 @@ impl FuseAdapter {
             counted(op, Instant::now());
             return reply.ok();
         }
-        answer_later!(self, op, reply, |fs| fs.flush(fh.0), |()| reply.ok());
+        answer!(self, op, reply, |fs| fs.flush(fh.0), |()| reply.ok());
     }
 }
 
@@ -250,7 +264,7 @@ impl Filesystem for FuseAdapter {
                 Err(e) => reply.error(errno(e)),
             };
         }
-        answer_later!(
+        answer!(
             self,
             "lookup",
             reply,
@@ -264,7 +278,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        answer_later!(self, "getattr", reply, |fs| fs.getattr(ino.0), |a| {
+        answer!(self, "getattr", reply, |fs| fs.getattr(ino.0), |a| {
             reply.attr(&fs.attr_ttl(), &file_attr(&a))
         });
     }
@@ -298,7 +312,7 @@ impl Filesystem for FuseAdapter {
             }),
             fh: fh.map(|f| f.0),
         };
-        answer_later!(self, "setattr", reply, |fs| fs.setattr(ino.0, set), |a| {
+        answer!(self, "setattr", reply, |fs| fs.setattr(ino.0, set), |a| {
             reply.attr(&fs.attr_ttl(), &file_attr(&a))
         });
     }
@@ -319,7 +333,7 @@ impl Filesystem for FuseAdapter {
         let Some(name) = utf8(name) else {
             return reply.error(Errno::EINVAL);
         };
-        answer_later!(
+        answer!(
             self,
             "mknod",
             reply,
@@ -343,7 +357,7 @@ impl Filesystem for FuseAdapter {
         let Some(name) = utf8(name) else {
             return reply.error(Errno::EINVAL);
         };
-        answer_later!(self, "mkdir", reply, |fs| fs.mkdir(parent.0, &name), |e| {
+        answer!(self, "mkdir", reply, |fs| fs.mkdir(parent.0, &name), |e| {
             reply_entry(reply, &e)
         });
     }
@@ -369,7 +383,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        answer_later!(self, "readlink", reply, |fs| fs.readlink(ino.0), |t| {
+        answer!(self, "readlink", reply, |fs| fs.readlink(ino.0), |t| {
             reply.data(t.as_bytes())
         });
     }
@@ -387,7 +401,7 @@ impl Filesystem for FuseAdapter {
         else {
             return reply.error(Errno::EINVAL);
         };
-        answer_later!(
+        answer!(
             self,
             "symlink",
             reply,
@@ -409,7 +423,7 @@ impl Filesystem for FuseAdapter {
         let (Some(name), Some(newname)) = (utf8(name), utf8(newname)) else {
             return reply.error(Errno::EINVAL);
         };
-        answer_later!(
+        answer!(
             self,
             "rename",
             reply,
@@ -445,7 +459,7 @@ impl Filesystem for FuseAdapter {
                 return reply.opened(FileHandle(o.fh), open_flags(&o, false));
             }
         }
-        answer_later!(
+        answer!(
             self,
             "open",
             reply,
@@ -473,20 +487,13 @@ impl Filesystem for FuseAdapter {
     ) {
         let t0 = Instant::now();
         let fs = self.fs.clone();
-        let mut answer = Box::pin(async move {
+        answer_soon(&self.rt, async move {
             let read = fs.read(fh.0, offset, size).await;
             match metered("read", t0, read, |d| d.len() as u64) {
                 Ok(data) => reply.data(&data),
                 Err(e) => reply.error(errno(e)),
             }
         });
-        // Bytes already cached (prefetched, or read before) are answered here at once; only
-        // a read that has to wait moves to a runtime worker, which polls it afresh.
-        let _runtime = self.rt.enter();
-        let mut cx = std::task::Context::from_waker(futures::task::noop_waker_ref());
-        if answer.as_mut().poll(&mut cx).is_pending() {
-            self.rt.spawn(answer);
-        }
     }
 
     fn write(
@@ -504,7 +511,7 @@ impl Filesystem for FuseAdapter {
         let t0 = Instant::now();
         let data = bytes::Bytes::copy_from_slice(data);
         let fs = self.fs.clone();
-        self.rt.spawn(async move {
+        answer_soon(&self.rt, async move {
             let written = fs.write(fh.0, offset, data).await;
             match metered("write", t0, written, |n| u64::from(*n)) {
                 Ok(n) => reply.written(n),
@@ -541,7 +548,7 @@ impl Filesystem for FuseAdapter {
             return reply.ok();
         }
         let fs = self.fs.clone();
-        self.rt.spawn(async move {
+        answer_soon(&self.rt, async move {
             fs.release_write(fh.0).await;
             counted("release", t0);
             reply.ok();
@@ -586,7 +593,7 @@ impl Filesystem for FuseAdapter {
                 Err(e) => reply.error(errno(e)),
             };
         }
-        answer_later!(
+        answer!(
             self,
             "readdir",
             reply,
@@ -615,7 +622,7 @@ impl Filesystem for FuseAdapter {
                 Err(e) => reply.error(errno(e)),
             };
         }
-        answer_later!(
+        answer!(
             self,
             "readdirplus",
             reply,
@@ -644,7 +651,7 @@ impl Filesystem for FuseAdapter {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        answer_later!(self, "fsyncdir", reply, |fs| fs.fsyncdir(ino.0), |()| reply
+        answer!(self, "fsyncdir", reply, |fs| fs.fsyncdir(ino.0), |()| reply
             .ok());
     }
 
@@ -733,7 +740,7 @@ impl Filesystem for FuseAdapter {
         let Some(name) = utf8(name) else {
             return reply.error(Errno::EINVAL);
         };
-        answer_later!(
+        answer!(
             self,
             "create",
             reply,
