@@ -110,7 +110,10 @@ impl Pool {
                 Err(_) => *held = None,
             }
         }
-        let sender = tokio::time::timeout(self.connect_timeout, self.connect())
+        // Boxed: dialling (TCP, TLS, the HTTP/2 handshake) has kilobytes of state, which
+        // would otherwise be part of every stream open's future, and be copied with it into
+        // every task that opens a stream, though a connection is dialled only now and then.
+        let sender = tokio::time::timeout(self.connect_timeout, Box::pin(self.connect()))
             .await
             .map_err(|_| {
                 Status::unavailable(format!(
