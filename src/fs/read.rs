@@ -239,7 +239,12 @@ impl ReadPath {
                 if size == 0 {
                     return Ok(Bytes::new());
                 }
-                // A stream of its own, closed when done: prefetched objects keep no stream open.
+                // A stream of its own, closed when done: prefetched objects keep no stream
+                // open. Read in one go by this task; after a failure (a redirect, a cut) by
+                // a reader, which reconnects and retries.
+                if let Ok(whole) = client.read_once(&bucket, &what, generation, 0, size).await {
+                    return Ok(whole);
+                }
                 let (_reader, pending) = client
                     .open_reader_reading(&bucket, &what, Some(generation), 0, size)
                     .await?;
@@ -608,6 +613,29 @@ mod tests {
         assert_eq!(got.len() as u64, meta.size);
         assert_eq!(load.await.expect("joined"), Ok(Loaded::Fetched(meta.size)));
         assert_eq!(emu.stats().read_streams, 1);
+    }
+
+    /// A load whose one-shot stream fails (here redirected) is fetched by a reader, which
+    /// follows the redirect: the bytes are cached all the same.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_load_whose_one_shot_stream_fails_is_fetched_by_a_reader() {
+        let (emu, reads, meta) = read_path_on_emulator(0).await;
+        emu.set_faults(crate::emulator::Faults {
+            redirect_every: Some(1),
+            ..Default::default()
+        });
+        let loaded = reads.load_whole("f", &meta, || true).await;
+        assert_eq!(loaded, Ok(Loaded::Fetched(meta.size)));
+        let cached = reads
+            .blocks
+            .get(&(Arc::from("f"), meta.generation, WHOLE))
+            .await
+            .expect("cached");
+        assert!(cached == vec![7u8; 50_000]);
+        assert!(
+            emu.stats().read_streams >= 2,
+            "the one-shot stream, then a reader's"
+        );
     }
 
     /// A load that waited for the budget while a reader opened the file (and read it whole,
