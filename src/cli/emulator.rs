@@ -197,7 +197,6 @@ pub fn run(
     };
     let stats_file = args.stats_file.clone();
     let (opts, listen) = resolve(args)?;
-    keep_freed_buffers();
     let runtime =
         crate::machine::serving_runtime("emulator").context("cannot start the async runtime")?;
     if let Some(path) = stats_file {
@@ -279,17 +278,4 @@ fn write_stats(stats: &StatsSnapshot, path: &Path) -> anyhow::Result<()> {
     std::fs::write(&tmp, serde_json::to_vec(stats)?)?;
     std::fs::rename(&tmp, path)?;
     Ok(())
-}
-
-/// Every chunk the emulator sends is encoded into a fresh buffer of 1-2 MiB. Under glibc's
-/// adaptive thresholds the freed ones were given back to the system and faulted in again,
-/// page by page (about a tenth of its CPU serving a large read): the standalone emulator,
-/// a test server, keeps them for reuse instead.
-fn keep_freed_buffers() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only changes allocator parameters; called before any thread exists.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 * 1024 * 1024);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 512 * 1024 * 1024);
-    }
 }

@@ -454,9 +454,8 @@ fn serve(
     Ok(())
 }
 
-/// The serving daemon's runtime, its allocator tuned first (before any thread exists).
+/// The serving daemon's runtime.
 pub(super) fn daemon_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    tune_allocator();
     crate::machine::serving_runtime("rapidfs").context("starting the runtime")
 }
 
@@ -504,20 +503,6 @@ fn start_control(
             ));
             None
         }
-    }
-}
-
-/// Keeps the daemon's resident memory close to what it holds, so the one memory budget means
-/// something: few malloc arenas, so that buffers freed by one thread are reused by the next
-/// allocation on another instead of fragmenting a heap per thread. The receive buffers of
-/// 1-2 MiB that every chunk of a large read passes through are left to glibc's adaptive mmap
-/// threshold, which keeps them in the heap and reuses them: forced into fresh mappings they
-/// were faulted in page by page and unmapped again, a third of a sequential read's CPU.
-fn tune_allocator() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only changes allocator parameters; called before any thread exists.
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, 2);
     }
 }
 
