@@ -18,34 +18,49 @@ pub fn memory_limit_bytes() -> Option<u64> {
     total.into_iter().chain(limits).min()
 }
 
-/// Fewest (where the cores allow) and most worker threads of a serving runtime.
-const MIN_WORKERS: usize = 2;
+/// Most worker threads of a serving runtime.
 const MAX_WORKERS: usize = 8;
 
-/// Worker threads of a serving runtime (the daemon's, the emulator's) on `cores` cores: a
-/// quarter of them, from 2 (1 on one core) to 8. Tokio's default of one per core costs CPU
-/// on every request: each hand-off between tasks (the FUSE thread to a worker, a worker to
-/// the connection task and back) wakes parked workers to look for work, and the more
-/// workers, the more of them wake for nothing. On 16 cores, 4 workers against 16 spent
-/// 8-17% less of the daemon's CPU on every read workload at the same speed (small files:
-/// 0.19 against 0.21 ms and 8.9 against 9.5 context switches per file). One worker would
-/// spend less still on 2 cores (small-file reads 275 against 295 us per file, writes 13
-/// against 21 switches per file), but a worker copies each reply into the page cache, and
-/// four readers of big files and a safetensors load were 10-20% slower with one.
-pub fn runtime_workers(cores: usize) -> usize {
-    (cores / 4)
-        .clamp(MIN_WORKERS, MAX_WORKERS)
-        .min(cores.max(1))
+/// What a serving runtime serves, which sets its fewest workers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Serving {
+    /// The daemon: at least 2 workers where the cores allow, because a worker copies each
+    /// reply into the page cache, and with one, four readers of big files and a safetensors
+    /// load were 10-20% slower on 2 cores.
+    Mount,
+    /// The emulator, which copies nothing into the kernel: one worker serves it on a small
+    /// machine. Measured on 2 cores against two: 15-20% less emulator CPU per small file
+    /// read, a third less per 4 KiB random read, the same speed on a 1 GiB read.
+    Emulator,
+}
+
+/// Worker threads of a serving runtime on `cores` cores: a quarter of them, up to 8, from 2
+/// for the daemon (1 on one core) and from 1 for the emulator. Tokio's default of one per
+/// core costs CPU on every request: each hand-off between tasks (the FUSE thread to a
+/// worker, a worker to the connection task and back) wakes parked workers to look for
+/// work, and the more workers, the more of them wake for nothing (a worker woken from
+/// outside the runtime wakes a second one to go on searching, which finds nothing: about
+/// one futile wake-up per small file read or 4 KiB random read). On 16 cores, 4 workers
+/// against 16 spent 8-17% less of the daemon's CPU on every read workload at the same speed
+/// (small files: 0.19 against 0.21 ms and 8.9 against 9.5 context switches per file). One
+/// daemon worker would spend less still on 2 cores (small-file reads 275 against 295 us per
+/// file, writes 13 against 21 switches per file), at the cost `Serving::Mount` says.
+pub fn runtime_workers(cores: usize, serving: Serving) -> usize {
+    let fewest = match serving {
+        Serving::Mount => 2,
+        Serving::Emulator => 1,
+    };
+    (cores / 4).clamp(fewest, MAX_WORKERS).min(cores.max(1))
 }
 
 /// A multi-threaded runtime with `runtime_workers` workers for this process's cores (as
 /// its CPU affinity and cgroup quota allow), named `name`; `TOKIO_WORKER_THREADS`, when
 /// set, gives the count instead, as it does for any tokio program.
-pub fn serving_runtime(name: &str) -> std::io::Result<tokio::runtime::Runtime> {
+pub fn serving_runtime(name: &str, serving: Serving) -> std::io::Result<tokio::runtime::Runtime> {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if std::env::var_os("TOKIO_WORKER_THREADS").is_none() {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        builder.worker_threads(runtime_workers(cores));
+        builder.worker_threads(runtime_workers(cores, serving));
     }
     builder.enable_all().thread_name(name).build()
 }
@@ -106,12 +121,21 @@ mod tests {
 
     #[test]
     fn the_runtime_has_a_quarter_of_the_cores_from_2_to_8_workers() {
-        assert_eq!(runtime_workers(1), 1);
-        assert_eq!(runtime_workers(2), 2);
-        assert_eq!(runtime_workers(8), 2);
-        assert_eq!(runtime_workers(16), 4);
-        assert_eq!(runtime_workers(24), 6);
-        assert_eq!(runtime_workers(224), 8);
+        assert_eq!(runtime_workers(1, Serving::Mount), 1);
+        assert_eq!(runtime_workers(2, Serving::Mount), 2);
+        assert_eq!(runtime_workers(8, Serving::Mount), 2);
+        assert_eq!(runtime_workers(16, Serving::Mount), 4);
+        assert_eq!(runtime_workers(24, Serving::Mount), 6);
+        assert_eq!(runtime_workers(224, Serving::Mount), 8);
+    }
+
+    #[test]
+    fn the_emulator_runs_on_one_worker_up_to_7_cores() {
+        assert_eq!(runtime_workers(1, Serving::Emulator), 1);
+        assert_eq!(runtime_workers(2, Serving::Emulator), 1);
+        assert_eq!(runtime_workers(7, Serving::Emulator), 1);
+        assert_eq!(runtime_workers(8, Serving::Emulator), 2);
+        assert_eq!(runtime_workers(16, Serving::Emulator), 4);
     }
 
     #[test]

@@ -197,8 +197,8 @@ pub fn run(
     };
     let stats_file = args.stats_file.clone();
     let (opts, listen) = resolve(args)?;
-    let runtime =
-        crate::machine::serving_runtime("emulator").context("cannot start the async runtime")?;
+    let runtime = crate::machine::serving_runtime("emulator", crate::machine::Serving::Emulator)
+        .context("cannot start the async runtime")?;
     if let Some(path) = stats_file {
         return runtime.block_on(serve_with_stats(opts, listen, security, scheme, path));
     }

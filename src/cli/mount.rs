@@ -456,7 +456,8 @@ fn serve(
 
 /// The serving daemon's runtime.
 pub(super) fn daemon_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    crate::machine::serving_runtime("rapidfs").context("starting the runtime")
+    crate::machine::serving_runtime("rapidfs", crate::machine::Serving::Mount)
+        .context("starting the runtime")
 }
 
 /// SIGINT and SIGTERM, the signals that stop a daemon, as streams on `rt`.
