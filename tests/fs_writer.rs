@@ -1,7 +1,7 @@
 //! The writer's state machine through `fs` alone, against the in-process emulator: a writer
 //! fenced by another stays failed, a rewrite stages then uploads a new generation, a create
-//! sent without waiting for its answer is made good by the first flush, and files unlinked
-//! or renamed while open go on writing.
+//! sent without waiting for its answer is made good by the first flush, files unlinked or
+//! renamed while open go on writing, and a handle closing late never shrinks the file.
 
 mod fs_support;
 
@@ -137,6 +137,50 @@ fn sync_persists_appends_only_and_stop_persists_all_then_refuses_writes() {
         );
         fs.release_write(log.fh).await;
         fs.release_write(edit.fh).await;
+    });
+}
+
+/// `echo line >> f` twice: the first handle's stream may still be closing when the second
+/// has appended and closed. The size the first stream reports last must not take the file
+/// back to it (a reader would miss the second line).
+#[test]
+fn a_handle_closing_late_does_not_shrink_what_a_later_one_appended() {
+    let env = FsEnv::new("b", |_| {});
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let (entry, created) = fs
+            .create(ROOT_INO, "a.log", libc::O_WRONLY)
+            .await
+            .expect("create");
+        let ino = entry.attr.ino;
+        fs.write(created.fh, 0, b"one\n".to_vec().into())
+            .await
+            .expect("write");
+        fs.flush(created.fh).await.expect("close flushes");
+        fs.release_write(created.fh).await;
+
+        let first = fs.open_write(ino, false).await.expect("open");
+        fs.write(first.fh, 4, b"two\n".to_vec().into())
+            .await
+            .expect("append");
+        fs.flush(first.fh).await.expect("close flushes");
+        let mut closing = Box::pin(fs.release_write(first.fh));
+        assert!(
+            futures::poll!(closing.as_mut()).is_pending(),
+            "the first stream's close waits for the service"
+        );
+
+        let second = fs.open_write(ino, false).await.expect("open again");
+        fs.write(second.fh, 8, b"three\n".to_vec().into())
+            .await
+            .expect("append");
+        fs.flush(second.fh).await.expect("close flushes");
+        fs.release_write(second.fh).await;
+        closing.await;
+
+        assert_eq!(fs.getattr(ino).await.expect("stat").size, 14);
+        let meta = env.client.get_object("b", "a.log").await.expect("object");
+        assert_eq!(meta.size, 14);
     });
 }
 

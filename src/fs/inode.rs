@@ -258,16 +258,27 @@ impl Inode {
     }
 
     /// Records what a write through this mount made durable: the size, now as the mtime, and
-    /// the generation when the inode had only `PENDING_GENERATION`.
+    /// the generation when the inode had only `PENDING_GENERATION` (`generation` 0: not yet
+    /// known to the writer).
+    ///
+    /// A generation only grows, so the larger size wins: the stream of a closed handle may
+    /// report its last size after a handle opened since has appended more and fsynced it.
+    /// A writer of another generation than the inode's was overtaken and reports nothing.
     pub fn note_written(&self, generation: i64, size: u64) {
         let mut s = self.state();
         if s.meta().is_none() {
             return;
         }
-        if s.meta.generation == PENDING_GENERATION && generation != 0 {
-            s.meta.generation = generation;
+        if s.meta.generation == PENDING_GENERATION {
+            if generation != 0 {
+                s.meta.generation = generation;
+            }
+            s.meta.size = size;
+        } else if generation == 0 || generation == s.meta.generation {
+            s.meta.size = s.meta.size.max(size);
+        } else {
+            return;
         }
-        s.meta.size = size;
         s.meta.mtime = SystemTime::now().into();
         s.checked = ticks(Instant::now());
     }
@@ -827,6 +838,21 @@ mod tests {
         assert_eq!(
             again.refresh_as_of(meta(1, 30), Instant::now()),
             meta(1, 30)
+        );
+    }
+
+    #[test]
+    fn a_late_report_of_an_older_append_does_not_shrink_the_file() {
+        let t = InodeTable::new(String::new());
+        let f = t.lookup("f", Kind::File, Some(meta(3, 8)));
+        f.note_written(3, 14);
+        f.note_written(3, 8);
+        assert_eq!(f.meta().0.map(|m| m.identity()), Some((3, 14)));
+        f.note_written(2, 20);
+        assert_eq!(
+            f.meta().0.map(|m| m.identity()),
+            Some((3, 14)),
+            "a writer of an overtaken generation"
         );
     }
 
