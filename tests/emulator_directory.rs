@@ -50,6 +50,30 @@ async fn names(
     .collect()
 }
 
+/// What a lookup's probe of `name` in bucket "b" finds: (objects, prefixes).
+async fn probe(
+    c: &mut rapidfs::proto::storage::storage_client::StorageClient<tonic::transport::Channel>,
+    name: &str,
+) -> (Vec<String>, Vec<String>) {
+    let r = c
+        .list_objects(routed(
+            "b",
+            ListObjectsRequest {
+                parent: bpath("b"),
+                prefix: name.into(),
+                delimiter: "/".into(),
+                lexicographic_start: name.into(),
+                lexicographic_end: format!("{name}0"),
+                include_folders_as_prefixes: true,
+                ..Default::default()
+            },
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    (r.objects.into_iter().map(|o| o.name).collect(), r.prefixes)
+}
+
 #[tokio::test]
 async fn serves_an_existing_tree_and_notices_changes_on_disk() {
     let dir = tempfile::tempdir().unwrap();
@@ -345,6 +369,44 @@ async fn listing_shows_directories_as_prefixes_and_empty_ones_as_folders() {
         .unwrap()
         .into_inner();
     assert_eq!(r.prefixes, ["a/deep/"]);
+}
+
+/// A lookup's probe (a name as the prefix, the range of that name and what is below it, as
+/// `rapidfs mount` sends) sees that name as a file or a directory made on disk behind the
+/// emulator's back, without reading the rest of the directory; the other names that start
+/// with it show up when the directory is listed. A prefix that climbs out of the bucket
+/// finds nothing.
+#[tokio::test]
+async fn a_name_probe_looks_at_that_name_on_disk_and_never_outside_the_bucket() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("b")).unwrap();
+    std::fs::create_dir_all(dir.path().join("other")).unwrap();
+    std::fs::write(dir.path().join("other/secret"), b"s").unwrap();
+    let emu = directory(dir.path()).await;
+    let mut c = client(&emu).await;
+    assert_eq!(probe(&mut c, "f").await, (vec![], vec![]));
+
+    std::fs::write(dir.path().join("b/f"), b"file").unwrap();
+    std::fs::write(dir.path().join("b/f.bak"), b"other").unwrap();
+    std::fs::create_dir_all(dir.path().join("b/d/e")).unwrap();
+    assert_eq!(probe(&mut c, "f").await, (vec!["f".to_string()], vec![]));
+    assert_eq!(probe(&mut c, "d").await, (vec![], vec!["d/".to_string()]));
+    std::fs::remove_file(dir.path().join("b/f")).unwrap();
+    assert_eq!(
+        probe(&mut c, "f").await,
+        (vec![], vec![]),
+        "gone from disk, gone"
+    );
+    assert_eq!(
+        names(&mut c, "b").await,
+        ["f.bak"],
+        "listed with its directory"
+    );
+
+    for outside in ["../other/secret", "..", "d/../../other/s"] {
+        assert_eq!(probe(&mut c, outside).await, (vec![], vec![]), "{outside}");
+    }
+    assert_eq!(names(&mut c, "b").await, ["f.bak"]);
 }
 
 /// Every object the emulator acknowledged survives a SIGKILL of its process, finalized or

@@ -1,6 +1,7 @@
 //! The directory backend: every non-hidden sub-directory of the root is a bucket, every file
 //! an object named by its relative path, every directory a folder. Files changed on disk
-//! behind our back are noticed (a new size or mtime is a new generation). Object metadata
+//! behind our back are noticed (a new size or mtime is a new generation) when their name or
+//! their directory is looked at (a list of a name's prefix looks at that name). Object metadata
 //! (generation, metageneration, finalized or not, CRC32C, persisted size, custom metadata)
 //! lives under `ROOT/.rapidfs-emulator/buckets/`: a snapshot and a journal of the changes
 //! since (see `journal.rs`), durable before any size is acknowledged, so it survives a
@@ -299,13 +300,43 @@ impl Backend for DirectoryBackend {
         state: &mut BucketState,
         prefix: &str,
     ) -> Result<bool, Status> {
+        // Nothing this backend could have stored lies under such a prefix, and its path
+        // could lead out of the bucket.
+        if !prefix.is_empty() && self.check_name(prefix.trim_end_matches('/')).is_err() {
+            return Ok(false);
+        }
         let base = walk_base(prefix);
         let dir = self.root.join(bucket).join(base);
+        let rest = &prefix[base.len()..];
         let (mut files, mut folders) = (Vec::new(), Vec::new());
-        walk(&dir, base, &mut files, &mut folders).map_err(|e| io_status("list", &dir, e))?;
-        if !base.is_empty() && dir.is_dir() {
-            folders.push(base.to_string());
+        if rest.is_empty() {
+            walk(&dir, base, &mut files, &mut folders).map_err(|e| io_status("list", &dir, e))?;
+            if !base.is_empty() && dir.is_dir() {
+                folders.push(base.to_string());
+            }
+        } else {
+            // A name's prefix (a lookup's probe) looks at that name alone, as a file or a
+            // directory: reading the whole directory to find the other names that start
+            // with it cost a walk of every entry per create in a directory of many files.
+            // Those other names are looked at when their directory is listed.
+            let path = dir.join(rest);
+            match fs::metadata(&path) {
+                Ok(m) if m.is_file() => files.push((prefix.to_string(), path)),
+                Ok(m) if m.is_dir() => {
+                    let below = format!("{prefix}/");
+                    walk(&path, &below, &mut files, &mut folders)
+                        .map_err(|e| io_status("list", &path, e))?;
+                    folders.push(below);
+                }
+                _ => {}
+            }
         }
+        let looked_at = |k: &str| {
+            k.starts_with(prefix)
+                && (rest.is_empty()
+                    || k.len() == prefix.len()
+                    || k[prefix.len()..].starts_with('/'))
+        };
         let mut changed = false;
         let mut seen = HashSet::new();
         for (name, path) in files {
@@ -322,7 +353,7 @@ impl Backend for DirectoryBackend {
             .objects
             .range(prefix.to_string()..)
             .take_while(|(k, _)| k.starts_with(prefix))
-            .filter(|(k, _)| !seen.contains(*k))
+            .filter(|(k, _)| looked_at(k) && !seen.contains(*k))
             .map(|(k, _)| k.clone())
             .collect();
         for name in stale {
@@ -336,7 +367,7 @@ impl Backend for DirectoryBackend {
             .folders
             .range(prefix.to_string()..)
             .take_while(|(k, _)| k.starts_with(prefix))
-            .filter(|(k, _)| !found.contains(*k))
+            .filter(|(k, _)| looked_at(k) && !found.contains(*k))
             .map(|(k, _)| k.clone())
             .collect();
         for f in gone {
