@@ -374,8 +374,8 @@ async fn listing_shows_directories_as_prefixes_and_empty_ones_as_folders() {
 /// A lookup's probe (a name as the prefix, the range of that name and what is below it, as
 /// `rapidfs mount` sends) sees that name as a file or a directory made on disk behind the
 /// emulator's back, without reading the rest of the directory; the other names that start
-/// with it show up when the directory is listed. A prefix that climbs out of the bucket
-/// finds nothing.
+/// with it show up when the directory is listed. A prefix below a file, or one that climbs
+/// out of the bucket, finds nothing (and no error).
 #[tokio::test]
 async fn a_name_probe_looks_at_that_name_on_disk_and_never_outside_the_bucket() {
     let dir = tempfile::tempdir().unwrap();
@@ -402,6 +402,9 @@ async fn a_name_probe_looks_at_that_name_on_disk_and_never_outside_the_bucket() 
         ["f.bak"],
         "listed with its directory"
     );
+    for below_a_file in ["f.bak/", "f.bak/x"] {
+        assert_eq!(probe(&mut c, below_a_file).await, (vec![], vec![]));
+    }
 
     for outside in ["../other/secret", "..", "d/../../other/s"] {
         assert_eq!(probe(&mut c, outside).await, (vec![], vec![]), "{outside}");

@@ -328,7 +328,14 @@ impl Backend for DirectoryBackend {
                         .map_err(|e| io_status("list", &path, e))?;
                     folders.push(below);
                 }
-                _ => {}
+                Ok(_) => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::NotFound | io::ErrorKind::NotADirectory
+                    ) => {}
+                // Not "gone": an object must not be forgotten for a failed look.
+                Err(e) => return Err(io_status("stat", &path, e)),
             }
         }
         let looked_at = |k: &str| {

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 /// Files under `dir` as (relative name prefixed by `rel`, path), and sub-directories as
-/// folder names ("a/"); a missing `dir` is empty.
+/// folder names ("a/"); a missing `dir`, or a file where it would be, is empty.
 pub(crate) fn walk(
     dir: &Path,
     rel: &str,
@@ -13,7 +13,14 @@ pub(crate) fn walk(
 ) -> std::io::Result<()> {
     let rd = match std::fs::read_dir(dir) {
         Ok(rd) => rd,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+            ) =>
+        {
+            return Ok(())
+        }
         Err(e) => return Err(e),
     };
     for ent in rd {
