@@ -8,30 +8,17 @@ mod daemon_support;
 mod mount_support;
 mod write_support;
 
+use daemon_support::{kill, Daemon};
 use mount_support::Env;
 use std::io::Write;
 use std::path::Path;
-use std::process::{Child, Command, Output};
+use std::process::{Command, Output};
 use write_support::{bytes, chunks, client, meta, MIB};
 
 const BUCKET: &str = "fin";
 
-/// A daemon that is killed (and its mount detached) if the test fails before it ends it.
-struct Daemon(Option<Child>, std::path::PathBuf);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.0.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-            let _ = Command::new("umount").arg("-l").arg(&self.1).status();
-        }
-    }
-}
-
 fn daemon(env: &Env, mnt: &Path) -> Daemon {
-    let child = daemon_support::daemon(&env.emu().endpoint(), BUCKET, mnt, &[]);
-    Daemon(Some(child), mnt.to_path_buf())
+    daemon_support::daemon(&env.emu().endpoint(), BUCKET, mnt, &[])
 }
 
 fn rapidfs(env: &Env, args: &[&str]) -> Output {
@@ -65,24 +52,19 @@ fn an_object_left_by_a_killed_writer_is_listed_and_finalized() {
     env.put(BUCKET, "done.bin", b"finalized already");
     let c = client(&env.rt, &env.emu().endpoint());
     let mnt = tempfile::tempdir().expect("tempdir");
-    let mut d = daemon(&env, mnt.path());
-    let mut child = d.0.take().expect("daemon");
+    let d = daemon(&env, mnt.path());
     std::fs::create_dir(mnt.path().join("ckpt")).expect("mkdir");
     let mut f = std::fs::File::create(mnt.path().join("ckpt/log.bin")).expect("create");
     f.write_all(&chunks(1, 3)).expect("write");
     f.sync_all().expect("fsync");
-    // SAFETY: signalling our own child process.
-    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGKILL) }, 0);
-    child.wait().expect("wait");
+    kill(d);
     drop(f);
-    let st = Command::new("umount").arg("-l").arg(mnt.path()).status();
-    assert!(st.expect("umount runs").success());
     assert!(!meta(&env.rt, &c, BUCKET, "ckpt/log.bin").finalized);
 
     let listed = stdout(&rapidfs(&env, &["unfinalized", BUCKET]));
     assert_eq!(listed, format!("gs://{BUCKET}/ckpt/log.bin\t{}\n", 3 * MIB));
 
-    let mut d = daemon(&env, mnt.path());
+    let d = daemon(&env, mnt.path());
     let mp = mnt.path().to_str().expect("utf-8");
     let file = format!("{mp}/ckpt/log.bin");
     let listed = stdout(&rapidfs_in_mount(&["unfinalized", mp]));
@@ -102,10 +84,7 @@ fn an_object_left_by_a_killed_writer_is_listed_and_finalized() {
         again,
         format!("gs://{BUCKET}/done.bin was already finalized\n")
     );
-    let mut child = d.0.take().expect("daemon");
-    // SAFETY: signalling our own child process.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    assert!(child.wait().expect("wait").success());
+    assert!(d.terminate().success());
 }
 
 #[test]

@@ -58,11 +58,11 @@ fn save_kill_load(save: &str, load: &str) {
     let first = tempfile::tempdir().expect("tempdir");
     let writer = daemon(&endpoint, BUCKET, first.path(), &[]);
     run(save, first.path());
-    kill(writer, first.path());
+    kill(writer);
     let second = tempfile::tempdir().expect("tempdir");
     let reader = daemon(&endpoint, BUCKET, second.path(), &[]);
     run(load, second.path());
-    kill(reader, second.path());
+    kill(reader);
 }
 
 #[test]

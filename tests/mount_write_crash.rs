@@ -12,18 +12,17 @@ mod daemon_support;
 mod mount_support;
 mod write_support;
 
-use daemon_support::kill;
+use daemon_support::{kill, Daemon};
 use mount_support::Env;
 use rapidfs::emulator::Faults;
 use std::io::Write;
 use std::path::Path;
-use std::process::Child;
 use write_support::{bytes, chunk, chunks, client, meta, MIB};
 
 const BUCKET: &str = "crash";
 
 /// The daemon in the foreground on `mnt`, once its mount is live.
-fn daemon(env: &Env, mnt: &Path, extra: &[&str]) -> Child {
+fn daemon(env: &Env, mnt: &Path, extra: &[&str]) -> Daemon {
     daemon_support::daemon(&env.emu().endpoint(), BUCKET, mnt, extra)
 }
 
@@ -48,7 +47,7 @@ fn sigkill_right_after_fsync_loses_no_fsynced_byte() {
             f.sync_all().expect("fsync");
         }
     }
-    kill(child, mnt.path());
+    kill(child);
     drop(f);
     let got = meta(&env.rt, &c, BUCKET, "ckpt.bin");
     assert_eq!(got.size, 64 * MIB as u64, "every fsynced byte");
@@ -73,7 +72,7 @@ fn sigkill_with_unsynced_bytes_keeps_the_fsynced_prefix_and_no_garbage() {
         }
     }
     // Chunks 40 and 41 were written after the last fsync: they may or may not have landed.
-    kill(child, mnt.path());
+    kill(child);
     drop(f);
     let got = bytes(&env.rt, &c, BUCKET, "half.bin");
     assert!(got.len() >= 40 * MIB, "every fsynced byte: {}", got.len());
@@ -96,7 +95,7 @@ fn sigkill_right_after_close_loses_nothing() {
         f.write_all(&chunk(3, i)).expect("write");
     }
     drop(f);
-    kill(child, mnt.path());
+    kill(child);
     let got = meta(&env.rt, &c, BUCKET, "closed.bin");
     assert_eq!(got.size, 64 * MIB as u64, "every closed byte");
     assert!(bytes(&env.rt, &c, BUCKET, "closed.bin") == chunks(3, 64));
@@ -116,7 +115,7 @@ fn sixteen_writers_of_256_mib_stay_within_the_memory_budget() {
     let env = Env::new(BUCKET);
     let c = client(&env.rt, &env.emu().endpoint());
     let mnt = tempfile::tempdir().expect("tempdir");
-    let mut child = daemon(&env, mnt.path(), &["--memory-mb", "128"]);
+    let child = daemon(&env, mnt.path(), &["--memory-mb", "128"]);
     let one = chunk(9, 0);
     std::thread::scope(|s| {
         for w in 0..16 {
@@ -131,9 +130,7 @@ fn sixteen_writers_of_256_mib_stay_within_the_memory_budget() {
         }
     });
     let hwm_mib = vm_hwm_kib(child.id()) / 1024;
-    // SAFETY: signalling our own child process.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    assert!(child.wait().expect("wait").success());
+    assert!(child.terminate().success());
     let crc = (0..256).fold(0, |c, _| crc32c::crc32c_append(c, &one));
     for w in 0..16 {
         let got = meta(&env.rt, &c, BUCKET, &format!("w{w:02}.bin"));
