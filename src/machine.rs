@@ -24,9 +24,14 @@ const MAX_WORKERS: usize = 8;
 /// What a serving runtime serves, which sets its fewest workers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Serving {
-    /// The daemon: at least 2 workers where the cores allow, because a worker copies each
-    /// reply into the page cache, and with one, four readers of big files and a safetensors
-    /// load were 10-20% slower on 2 cores.
+    /// The daemon: from 4 cores at least 2 workers, because a worker copies each reply into
+    /// the page cache, and with one, a safetensors load was 6-15% slower and four readers of
+    /// big files slower still (the server on other cores, as a real one is, only widens
+    /// that). Below 4 cores the second worker has no core of its own and costs more than it
+    /// brings: on 2 cores, one worker against two in the same runs (2026-11-27), a 4 KiB
+    /// random read's p50 89-96 against 101-117 us with 3.2 against 7.6 context switches,
+    /// 12-16% less CPU per small file read and 10% less per GiB read, one reader of a big
+    /// file 2-8% slower.
     Mount,
     /// The emulator, which copies nothing into the kernel: one worker serves it on a small
     /// machine. Measured on 2 cores against two: 15-20% less emulator CPU per small file
@@ -34,23 +39,24 @@ pub enum Serving {
     Emulator,
 }
 
+/// Cores from which the daemon keeps a second worker.
+const MOUNT_TWO_WORKERS_FROM: usize = 4;
+
 /// Worker threads of a serving runtime on `cores` cores: a quarter of them, up to 8, from 2
-/// for the daemon (1 on one core) and from 1 for the emulator. Tokio's default of one per
-/// core costs CPU on every request: each hand-off between tasks (the FUSE thread to a
-/// worker, a worker to the connection task and back) wakes parked workers to look for
-/// work, and the more workers, the more of them wake for nothing (a worker woken from
-/// outside the runtime wakes a second one to go on searching, which finds nothing: about
-/// one futile wake-up per small file read or 4 KiB random read). On 16 cores, 4 workers
-/// against 16 spent 8-17% less of the daemon's CPU on every read workload at the same speed
-/// (small files: 0.19 against 0.21 ms and 8.9 against 9.5 context switches per file). One
-/// daemon worker would spend less still on 2 cores (small-file reads 275 against 295 us per
-/// file, writes 13 against 21 switches per file), at the cost `Serving::Mount` says.
+/// for the daemon on 4 cores or more and from 1 otherwise. Tokio's default of one per core
+/// costs CPU on every request: each hand-off between tasks (the FUSE thread to a worker, a
+/// worker to the connection task and back) wakes parked workers to look for work, and the
+/// more workers, the more of them wake for nothing (a worker woken from outside the runtime
+/// wakes a second one to go on searching, which finds nothing: about one futile wake-up per
+/// small file read or 4 KiB random read). On 16 cores, 4 workers against 16 spent 8-17% less
+/// of the daemon's CPU on every read workload at the same speed (small files: 0.19 against
+/// 0.21 ms and 8.9 against 9.5 context switches per file).
 pub fn runtime_workers(cores: usize, serving: Serving) -> usize {
     let fewest = match serving {
-        Serving::Mount => 2,
-        Serving::Emulator => 1,
+        Serving::Mount if cores >= MOUNT_TWO_WORKERS_FROM => 2,
+        Serving::Mount | Serving::Emulator => 1,
     };
-    (cores / 4).clamp(fewest, MAX_WORKERS).min(cores.max(1))
+    (cores / 4).clamp(fewest, MAX_WORKERS)
 }
 
 /// A multi-threaded runtime with `runtime_workers` workers for this process's cores (as
@@ -120,9 +126,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_runtime_has_a_quarter_of_the_cores_from_2_to_8_workers() {
+    fn the_daemon_has_a_quarter_of_the_cores_from_2_to_8_workers_and_one_below_4_cores() {
         assert_eq!(runtime_workers(1, Serving::Mount), 1);
-        assert_eq!(runtime_workers(2, Serving::Mount), 2);
+        assert_eq!(runtime_workers(2, Serving::Mount), 1);
+        assert_eq!(runtime_workers(3, Serving::Mount), 1);
+        assert_eq!(runtime_workers(4, Serving::Mount), 2);
         assert_eq!(runtime_workers(8, Serving::Mount), 2);
         assert_eq!(runtime_workers(16, Serving::Mount), 4);
         assert_eq!(runtime_workers(24, Serving::Mount), 6);
