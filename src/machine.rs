@@ -30,7 +30,7 @@ pub enum Serving {
     /// that). Below 4 cores the second worker has no core of its own and costs more than it
     /// brings: on 2 cores, one worker against two in the same runs (2026-11-27), a 4 KiB
     /// random read's p50 89-96 against 101-117 us with 3.2 against 7.6 context switches,
-    /// 12-16% less CPU per small file read and 10% less per GiB read, one reader of a big
+    /// 8-16% less CPU per small file read and 10-16% less per GiB read, one reader of a big
     /// file 2-8% slower.
     Mount,
     /// The emulator, which copies nothing into the kernel: one worker serves it on a small
