@@ -24,48 +24,67 @@ const MAX_WORKERS: usize = 8;
 /// What a serving runtime serves, which sets its fewest workers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Serving {
-    /// The daemon: from 4 cores at least 2 workers, because a worker copies each reply into
-    /// the page cache, and with one, a safetensors load was 6-15% slower and four readers of
-    /// big files slower still (the server on other cores, as a real one is, only widens
-    /// that). Below 4 cores the second worker has no core of its own and costs more than it
-    /// brings: on 2 cores, one worker against two in the same runs (2026-11-27), a 4 KiB
-    /// random read's p50 89-96 against 101-117 us with 3.2 against 7.6 context switches,
-    /// 8-16% less CPU per small file read and 10-16% less per GiB read, one reader of a big
-    /// file 2-8% slower.
+    /// One mount's daemon. Below 4 cores it has no workers: its FUSE thread drives a
+    /// current-thread runtime (`fuse::Driver::FuseThread`), so that a request that waits on
+    /// the network crosses no threads. From 4 cores at least 2 workers, because a worker
+    /// copies each reply into the page cache, and with one, a safetensors load was 6-15%
+    /// slower and four readers of big files slower still (the server on other cores, as a
+    /// real one is, only widens that).
     Mount,
+    /// The GKE sidecar, which serves several mounts from one runtime: their FUSE threads
+    /// cannot all drive it, so it has workers on every machine, one below 4 cores. On 2
+    /// cores, one worker against two in the same runs (2026-11-27): a 4 KiB random read's
+    /// p50 89-96 against 101-117 us with 3.2 against 7.6 context switches, 8-16% less CPU
+    /// per small file read and 10-16% less per GiB read, one reader of a big file 2-8%
+    /// slower.
+    Volumes,
     /// The emulator, which copies nothing into the kernel: one worker serves it on a small
     /// machine. Measured on 2 cores against two: 15-20% less emulator CPU per small file
     /// read, a third less per 4 KiB random read, the same speed on a 1 GiB read.
     Emulator,
 }
 
-/// Cores from which the daemon keeps a second worker.
+/// Cores from which the daemon has workers (2 of them at least) rather than its FUSE thread
+/// driving the runtime.
 const MOUNT_TWO_WORKERS_FROM: usize = 4;
 
-/// Worker threads of a serving runtime on `cores` cores: a quarter of them, up to 8, from 2
-/// for the daemon on 4 cores or more and from 1 otherwise. Tokio's default of one per core
-/// costs CPU on every request: each hand-off between tasks (the FUSE thread to a worker, a
-/// worker to the connection task and back) wakes parked workers to look for work, and the
-/// more workers, the more of them wake for nothing (a worker woken from outside the runtime
-/// wakes a second one to go on searching, which finds nothing: about one futile wake-up per
-/// small file read or 4 KiB random read). On 16 cores, 4 workers against 16 spent 8-17% less
-/// of the daemon's CPU on every read workload at the same speed (small files: 0.19 against
-/// 0.21 ms and 8.9 against 9.5 context switches per file).
+/// Worker threads of a multi-threaded serving runtime on `cores` cores: a quarter of them,
+/// up to 8, from 2 for a daemon on 4 cores or more and from 1 otherwise. Tokio's default of
+/// one per core costs CPU on every request: each hand-off between tasks (the FUSE thread to
+/// a worker, a worker to the connection task and back) wakes parked workers to look for
+/// work, and the more workers, the more of them wake for nothing (a worker woken from
+/// outside the runtime wakes a second one to go on searching, which finds nothing: about
+/// one futile wake-up per small file read or 4 KiB random read). On 16 cores, 4 workers
+/// against 16 spent 8-17% less of the daemon's CPU on every read workload at the same speed
+/// (small files: 0.19 against 0.21 ms and 8.9 against 9.5 context switches per file).
 pub fn runtime_workers(cores: usize, serving: Serving) -> usize {
     let fewest = match serving {
-        Serving::Mount if cores >= MOUNT_TWO_WORKERS_FROM => 2,
-        Serving::Mount | Serving::Emulator => 1,
+        Serving::Mount | Serving::Volumes if cores >= MOUNT_TWO_WORKERS_FROM => 2,
+        Serving::Mount | Serving::Volumes | Serving::Emulator => 1,
     };
     (cores / 4).clamp(fewest, MAX_WORKERS)
 }
 
-/// A multi-threaded runtime with `runtime_workers` workers for this process's cores (as
-/// its CPU affinity and cgroup quota allow), named `name`; `TOKIO_WORKER_THREADS`, when
-/// set, gives the count instead, as it does for any tokio program.
+/// Whether a runtime serving `serving` on `cores` cores is a current-thread one, driven by
+/// the mount's FUSE thread.
+pub fn fuse_thread_drives(cores: usize, serving: Serving) -> bool {
+    serving == Serving::Mount && cores < MOUNT_TWO_WORKERS_FROM
+}
+
+/// The runtime for `serving` on this process's cores (as its CPU affinity and cgroup quota
+/// allow), named `name`: a current-thread one where `fuse_thread_drives`, else
+/// multi-threaded with `runtime_workers` workers. `TOKIO_WORKER_THREADS`, when set, always
+/// gives a multi-threaded runtime of that many workers, as it does for any tokio program.
 pub fn serving_runtime(name: &str, serving: Serving) -> std::io::Result<tokio::runtime::Runtime> {
+    let workers_given = std::env::var_os("TOKIO_WORKER_THREADS").is_some();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if !workers_given && fuse_thread_drives(cores, serving) {
+        return tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build();
+    }
     let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if std::env::var_os("TOKIO_WORKER_THREADS").is_none() {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if !workers_given {
         builder.worker_threads(runtime_workers(cores, serving));
     }
     builder.enable_all().thread_name(name).build()
@@ -126,15 +145,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_daemon_has_a_quarter_of_the_cores_from_2_to_8_workers_and_one_below_4_cores() {
-        assert_eq!(runtime_workers(1, Serving::Mount), 1);
-        assert_eq!(runtime_workers(2, Serving::Mount), 1);
-        assert_eq!(runtime_workers(3, Serving::Mount), 1);
-        assert_eq!(runtime_workers(4, Serving::Mount), 2);
-        assert_eq!(runtime_workers(8, Serving::Mount), 2);
-        assert_eq!(runtime_workers(16, Serving::Mount), 4);
-        assert_eq!(runtime_workers(24, Serving::Mount), 6);
-        assert_eq!(runtime_workers(224, Serving::Mount), 8);
+    fn the_daemon_has_a_quarter_of_the_cores_from_2_to_8_workers_from_4_cores() {
+        for serving in [Serving::Mount, Serving::Volumes] {
+            assert_eq!(runtime_workers(4, serving), 2);
+            assert_eq!(runtime_workers(8, serving), 2);
+            assert_eq!(runtime_workers(16, serving), 4);
+            assert_eq!(runtime_workers(24, serving), 6);
+            assert_eq!(runtime_workers(224, serving), 8);
+        }
+        assert_eq!(runtime_workers(2, Serving::Volumes), 1);
+    }
+
+    #[test]
+    fn below_4_cores_a_mount_s_fuse_thread_drives_its_runtime() {
+        assert!(fuse_thread_drives(1, Serving::Mount));
+        assert!(fuse_thread_drives(3, Serving::Mount));
+        assert!(!fuse_thread_drives(4, Serving::Mount));
+        assert!(!fuse_thread_drives(2, Serving::Volumes));
+        assert!(!fuse_thread_drives(2, Serving::Emulator));
     }
 
     #[test]

@@ -8,7 +8,7 @@ use mount_support::{data, Env};
 use rapidfs::config::Config;
 use rapidfs::control::{ControlServer, Info};
 use rapidfs::fs::Fs;
-use rapidfs::fuse::{MountSettings, Mounted};
+use rapidfs::fuse::{Driver, MountSettings, Mounted};
 use rapidfs::gcs::Client;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
@@ -64,8 +64,13 @@ fn mount(env: &Env, cfg: &Config) -> Live {
         allow_other: false,
         extra: vec![],
     };
-    let mounted = Mounted::start(fs.clone(), env.rt.handle().clone(), &path, &settings)
-        .unwrap_or_else(|e| panic!("FUSE mount on {} failed: {e}", path.display()));
+    let mounted = Mounted::start(
+        fs.clone(),
+        Driver::Workers(env.rt.handle().clone()),
+        &path,
+        &settings,
+    )
+    .unwrap_or_else(|e| panic!("FUSE mount on {} failed: {e}", path.display()));
     let info = Info {
         bucket: BUCKET.to_string(),
         endpoint: cfg.gcs.endpoint.clone(),

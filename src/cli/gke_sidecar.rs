@@ -13,7 +13,8 @@
 use super::gke_options;
 use super::mount::{check_fuse_fd, connect, daemon_runtime, stop_signals, ConnectError};
 use crate::config::{Config, LogFormat};
-use crate::fuse::Mounted;
+use crate::fuse::{Driver, Mounted};
+use crate::machine::Serving;
 use clap::Args;
 use serde::Deserialize;
 use std::os::fd::OwnedFd;
@@ -121,7 +122,7 @@ pub fn run(args: GkeSidecarArgs, log_level: Option<String>) -> anyhow::Result<()
     for (volume, why) in &failed {
         volume.fail(why);
     }
-    let rt = daemon_runtime()?;
+    let rt = daemon_runtime(Serving::Volumes)?;
     let (mut sigint, mut sigterm) = stop_signals(&rt)?;
     let metrics = metrics_handle(&rt, &ready, &base);
     // Buckets are checked all at once: one that does not answer delays no other volume.
@@ -278,7 +279,7 @@ fn serve(
             return None;
         }
     };
-    let mounted = match Mounted::serve_fd(fs, rt.handle().clone(), fd) {
+    let mounted = match Mounted::serve_fd(fs, Driver::Workers(rt.handle().clone()), fd) {
         Ok(m) => m,
         Err(e) => {
             volume.fail(&format!("cannot serve the /dev/fuse descriptor: {e}"));

@@ -14,13 +14,15 @@
 use crate::config::{Config, LogFormat};
 use crate::emulator::{Emulator, EmulatorOptions, Faults};
 use crate::fs::Fs;
-use crate::fuse::{MountSettings, Mounted};
+use crate::fuse::{Driver, MountSettings, Mounted};
 use crate::gcs::{self, Client};
+use crate::machine::Serving;
 use anyhow::{anyhow, bail, Context};
 use clap::Args;
 use std::io::{BufRead, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Flags of `rapidfs mount`.
@@ -372,7 +374,7 @@ fn serve(
     target: Target,
     ready: &mut Ready,
 ) -> anyhow::Result<()> {
-    let rt = daemon_runtime()?;
+    let rt = Arc::new(daemon_runtime(Serving::Mount)?);
     if let Some(addr) = &cfg.metrics.addr {
         let _guard = rt.enter();
         crate::metrics::serve(metrics_addr(addr)?)?;
@@ -407,7 +409,7 @@ fn serve(
     let warm_fs = cfg.fs.prefetch_metadata.then(|| fs.clone());
     let (mut mounted, control) = match target {
         Target::Dir(mountpoint) => {
-            let mounted = Mounted::start(fs, rt.handle().clone(), &mountpoint, &settings)
+            let mounted = Mounted::start(fs, Driver::of(&rt), &mountpoint, &settings)
                 .map_err(|e| anyhow!("cannot mount on {}: {e}", mountpoint.display()))?;
             if let Some(kb) = kernel_read_ahead(&mountpoint, cfg.read.kernel_read_ahead_kb) {
                 control_fs.set_kernel_read_ahead(kb * 1024);
@@ -418,7 +420,7 @@ fn serve(
         }
         Target::Fd(fd) => {
             let raw = fd.as_raw_fd();
-            let mounted = Mounted::serve_fd(fs, rt.handle().clone(), fd)
+            let mounted = Mounted::serve_fd(fs, Driver::of(&rt), fd)
                 .map_err(|e| anyhow!("cannot serve the /dev/fuse descriptor: {e}"))?;
             tracing::info!(bucket = %args.bucket, fd = raw, endpoint = %cfg.gcs.endpoint, "serving a mounted /dev/fuse descriptor");
             (mounted, None)
@@ -431,13 +433,18 @@ fn serve(
     }
     // Under systemd (Type=notify) the unit becomes active only now that the mount is live.
     let _ = sd_notify::notify(&[sd_notify::NotifyState::Ready]);
-    let signalled = rt.block_on(async {
-        tokio::select! {
+    // Waited for as a task, not in `block_on` here: where the FUSE thread drives the runtime,
+    // this thread holding it would run every request instead.
+    let (stop, stopped) = std::sync::mpsc::channel();
+    rt.spawn(async move {
+        let signalled = tokio::select! {
             _ = sigint.recv() => true,
             _ = sigterm.recv() => true,
             _ = ended => false,
-        }
+        };
+        let _ = stop.send(signalled);
     });
+    let signalled = stopped.recv().unwrap_or(false);
     if signalled {
         tracing::info!("signal received: flushing writes, then stopping");
     }
@@ -454,10 +461,9 @@ fn serve(
     Ok(())
 }
 
-/// The serving daemon's runtime.
-pub(super) fn daemon_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    crate::machine::serving_runtime("rapidfs", crate::machine::Serving::Mount)
-        .context("starting the runtime")
+/// The serving daemon's runtime, for one mount or the sidecar's several.
+pub(super) fn daemon_runtime(serving: Serving) -> anyhow::Result<tokio::runtime::Runtime> {
+    crate::machine::serving_runtime("rapidfs", serving).context("starting the runtime")
 }
 
 /// SIGINT and SIGTERM, the signals that stop a daemon, as streams on `rt`.

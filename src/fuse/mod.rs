@@ -5,9 +5,10 @@
 //! another's round trip. What `fs` can answer at once (a listed lookup, an open with fresh
 //! metadata, a read of cached bytes, a write that fits its stream's window, a create that
 //! does not wait for the service) is answered there: waking a runtime worker would cost more
-//! than the answer. No filesystem logic lives here: only type conversions and the init
-//! negotiation; `session.rs` mounts and unmounts, `fusermount.rs` speaks fusermount3 and
-//! receives passed descriptors.
+//! than the answer. The tasks run on the runtime's workers, or, on a machine of few cores,
+//! on the FUSE thread itself between requests (`Driver`, `driven.rs`). No filesystem logic
+//! lives here: only type conversions and the init negotiation; `session.rs` mounts and
+//! unmounts, `fusermount.rs` speaks fusermount3 and receives passed descriptors.
 
 use crate::fs::{Attr, DirItem, Entry, Errno as FsErrno, Fs, FsResult, Kind, Opened, SetAttr};
 use fuser::{
@@ -19,11 +20,15 @@ use fuser::{
 use std::ffi::OsStr;
 use std::future::Future;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Instant, SystemTime};
-use tokio::runtime::Handle;
+use tokio::runtime::{Handle, Runtime, RuntimeFlavor};
 
+mod driven;
 mod fusermount;
 mod session;
+
+use driven::Driven;
 
 pub use fusermount::{receive_fd, receive_message};
 pub use session::{MountSettings, Mounted};
@@ -37,10 +42,47 @@ const BACKGROUND_PER_CORE: usize = 16;
 /// The least background requests allowed, however few the cores.
 const MIN_BACKGROUND: usize = 64;
 
+/// The runtime a mount's requests run on, and which thread drives it.
+#[derive(Clone)]
+pub enum Driver {
+    /// A multi-threaded runtime, driven by its workers: a request that has to wait moves to
+    /// one of them.
+    Workers(Handle),
+    /// A current-thread runtime that the FUSE thread drives itself between requests
+    /// (`driven.rs`): nothing crosses threads. Nobody else may hold it in `block_on` while
+    /// the mount serves, or the requests would run on that thread instead.
+    FuseThread(Arc<Runtime>),
+}
+
+impl Driver {
+    /// The FUSE thread for a current-thread runtime, the workers for any other.
+    pub fn of(rt: &Arc<Runtime>) -> Driver {
+        match rt.handle().runtime_flavor() {
+            RuntimeFlavor::CurrentThread => Driver::FuseThread(rt.clone()),
+            _ => Driver::Workers(rt.handle().clone()),
+        }
+    }
+}
+
 /// The fuser adapter: the filesystem plus the runtime its requests run on.
 struct FuseAdapter {
     fs: Fs,
     rt: Handle,
+    /// Set when the FUSE thread drives `rt` itself.
+    driven: Option<Arc<Driven>>,
+}
+
+/// The end of a request's turn on the FUSE thread: when dropped, and the FUSE thread drives
+/// the runtime, it runs the runtime until the next request (`Driven::until_next_request`).
+/// Every request takes one first, so that no way out of a request skips it.
+struct Turn<'a>(Option<&'a Driven>);
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        if let Some(driven) = self.0 {
+            driven.until_next_request();
+        }
+    }
 }
 
 /// FUSE `max_background` and `congestion_threshold` for a machine of `cores` cores: 16
@@ -113,16 +155,41 @@ fn file_attr(a: &Attr) -> FileAttr {
     }
 }
 
-/// Runs `answer` (the whole of a request's answer) on the calling FUSE thread until it first
-/// has to wait, and from there on a runtime worker, which polls it afresh. A request that
-/// need not wait is answered without a hand-off between threads: two context switches and
-/// a wake-up, which cost more than most answers (a small file's write, create, getattr).
-fn answer_soon(rt: &Handle, answer: impl Future<Output = ()> + Send + 'static) {
-    let mut answer = Box::pin(answer);
-    let _runtime = rt.enter();
-    let mut cx = std::task::Context::from_waker(futures::task::noop_waker_ref());
-    if answer.as_mut().poll(&mut cx).is_pending() {
-        rt.spawn(answer);
+impl FuseAdapter {
+    /// The adapter of `fs` on `driver`, and its `Driven` when the FUSE thread drives.
+    fn new(fs: Fs, driver: Driver) -> (FuseAdapter, Option<Arc<Driven>>) {
+        let (rt, driven) = match driver {
+            Driver::Workers(rt) => (rt, None),
+            Driver::FuseThread(rt) => (rt.handle().clone(), Some(Arc::new(Driven::new(rt)))),
+        };
+        let adapter = FuseAdapter {
+            fs,
+            rt,
+            driven: driven.clone(),
+        };
+        (adapter, driven)
+    }
+
+    /// This request's turn: see `Turn`.
+    fn turn(&self) -> Turn<'_> {
+        Turn(self.driven.as_deref())
+    }
+
+    /// Runs `answer` (the whole of a request's answer) on the calling FUSE thread until it
+    /// first has to wait, and from there as a task of the runtime, which polls it afresh. A
+    /// request that need not wait is answered without a task, and with worker threads
+    /// without a hand-off between threads: two context switches and a wake-up, which cost
+    /// more than most answers (a small file's write, create, getattr).
+    fn answer_soon(&self, answer: impl Future<Output = ()> + Send + 'static) {
+        if let Some(driven) = &self.driven {
+            return driven.answer(answer);
+        }
+        let mut answer = Box::pin(answer);
+        let _runtime = self.rt.enter();
+        let mut cx = std::task::Context::from_waker(futures::task::noop_waker_ref());
+        if answer.as_mut().poll(&mut cx).is_pending() {
+            self.rt.spawn(answer);
+        }
     }
 }
 
@@ -133,7 +200,7 @@ macro_rules! answer {
     ($adapter:expr, $op:expr, $reply:ident, |$fs:ident| $call:expr, |$value:pat_param| $ok:expr) => {{
         let t0 = Instant::now();
         let $fs = $adapter.fs.clone();
-        answer_soon(&$adapter.rt, async move {
+        $adapter.answer_soon(async move {
             let result = $call.await;
             match metered($op, t0, result, nothing) {
                 Ok($value) => $ok,
@@ -252,6 +319,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let _turn = self.turn();
         let Some(name) = utf8(name) else {
             return reply.error(Errno::ENOENT);
         };
@@ -273,11 +341,15 @@ impl Filesystem for FuseAdapter {
         );
     }
 
+    // fuser's `batch_forget` calls this for each inode of the batch, so the rest of a batch
+    // waits out the first one's turn: a forget has no reply, and the runtime runs meanwhile.
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        let _turn = self.turn();
         self.fs.forget(ino.0, nlookup);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let _turn = self.turn();
         answer!(self, "getattr", reply, |fs| fs.getattr(ino.0), |a| {
             reply.attr(&fs.attr_ttl(), &file_attr(&a))
         });
@@ -301,6 +373,7 @@ impl Filesystem for FuseAdapter {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        let _turn = self.turn();
         let set = SetAttr {
             size,
             mode,
@@ -327,6 +400,7 @@ impl Filesystem for FuseAdapter {
         _rdev: u32,
         reply: ReplyEntry,
     ) {
+        let _turn = self.turn();
         if mode & libc::S_IFMT != libc::S_IFREG {
             return reply.error(Errno::EPERM);
         }
@@ -354,6 +428,7 @@ impl Filesystem for FuseAdapter {
         _umask: u32,
         reply: ReplyEntry,
     ) {
+        let _turn = self.turn();
         let Some(name) = utf8(name) else {
             return reply.error(Errno::EINVAL);
         };
@@ -363,6 +438,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _turn = self.turn();
         self.remove(
             "unlink",
             parent,
@@ -373,6 +449,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _turn = self.turn();
         self.remove(
             "rmdir",
             parent,
@@ -383,6 +460,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let _turn = self.turn();
         answer!(self, "readlink", reply, |fs| fs.readlink(ino.0), |t| {
             reply.data(t.as_bytes())
         });
@@ -396,6 +474,7 @@ impl Filesystem for FuseAdapter {
         target: &Path,
         reply: ReplyEntry,
     ) {
+        let _turn = self.turn();
         // Object names and metadata are UTF-8: a name or target that is not cannot be stored.
         let (Some(name), Some(target)) = (utf8(link_name), target.to_str().map(str::to_string))
         else {
@@ -420,6 +499,7 @@ impl Filesystem for FuseAdapter {
         flags: fuser::RenameFlags,
         reply: ReplyEmpty,
     ) {
+        let _turn = self.turn();
         let (Some(name), Some(newname)) = (utf8(name), utf8(newname)) else {
             return reply.error(Errno::EINVAL);
         };
@@ -440,6 +520,7 @@ impl Filesystem for FuseAdapter {
         _newname: &OsStr,
         reply: ReplyEntry,
     ) {
+        let _turn = self.turn();
         let t0 = Instant::now();
         let refused = self.fs.link_refusal();
         crate::metrics::fuse_op("link", t0.elapsed(), 0, Some(refused.0));
@@ -447,6 +528,7 @@ impl Filesystem for FuseAdapter {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let _turn = self.turn();
         let write = flags.acc_mode() != OpenAccMode::O_RDONLY
             || flags.0 & (libc::O_TRUNC | libc::O_APPEND) != 0;
         let truncate = flags.0 & libc::O_TRUNC != 0;
@@ -485,9 +567,10 @@ impl Filesystem for FuseAdapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        let _turn = self.turn();
         let t0 = Instant::now();
         let fs = self.fs.clone();
-        answer_soon(&self.rt, async move {
+        self.answer_soon(async move {
             let read = fs.read(fh.0, offset, size).await;
             match metered("read", t0, read, |d| d.len() as u64) {
                 Ok(data) => reply.data(&data),
@@ -508,10 +591,11 @@ impl Filesystem for FuseAdapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        let _turn = self.turn();
         let t0 = Instant::now();
         let data = bytes::Bytes::copy_from_slice(data);
         let fs = self.fs.clone();
-        answer_soon(&self.rt, async move {
+        self.answer_soon(async move {
             let written = fs.write(fh.0, offset, data).await;
             match metered("write", t0, written, |n| u64::from(*n)) {
                 Ok(n) => reply.written(n),
@@ -528,6 +612,7 @@ impl Filesystem for FuseAdapter {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        let _turn = self.turn();
         self.sync("flush", fh, reply);
     }
 
@@ -541,6 +626,7 @@ impl Filesystem for FuseAdapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        let _turn = self.turn();
         let t0 = Instant::now();
         if !self.fs.is_writer(fh.0) {
             self.fs.release(fh.0);
@@ -548,7 +634,7 @@ impl Filesystem for FuseAdapter {
             return reply.ok();
         }
         let fs = self.fs.clone();
-        answer_soon(&self.rt, async move {
+        self.answer_soon(async move {
             fs.release_write(fh.0).await;
             counted("release", t0);
             reply.ok();
@@ -563,10 +649,12 @@ impl Filesystem for FuseAdapter {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        let _turn = self.turn();
         self.sync("fsync", fh, reply);
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let _turn = self.turn();
         match metered("opendir", Instant::now(), self.fs.opendir(ino.0), nothing) {
             Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
             Err(e) => reply.error(errno(e)),
@@ -581,6 +669,7 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        let _turn = self.turn();
         // A listing at hand is answered here: a large directory is read a page at a time,
         // and waking a runtime worker for every page costs more than the page.
         let t0 = Instant::now();
@@ -612,6 +701,7 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
+        let _turn = self.turn();
         let t0 = Instant::now();
         let at_hand = self
             .fs
@@ -639,6 +729,7 @@ impl Filesystem for FuseAdapter {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
+        let _turn = self.turn();
         self.fs.releasedir(fh.0);
         reply.ok();
     }
@@ -651,11 +742,13 @@ impl Filesystem for FuseAdapter {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        let _turn = self.turn();
         answer!(self, "fsyncdir", reply, |fs| fs.fsyncdir(ino.0), |()| reply
             .ok());
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let _turn = self.turn();
         let t0 = Instant::now();
         let s = self.fs.statfs();
         counted("statfs", t0);
@@ -679,6 +772,7 @@ impl Filesystem for FuseAdapter {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        let _turn = self.turn();
         reply.error(Errno::ENOSYS);
     }
 
@@ -690,14 +784,17 @@ impl Filesystem for FuseAdapter {
         _size: u32,
         reply: ReplyXattr,
     ) {
+        let _turn = self.turn();
         reply.error(Errno::ENOSYS);
     }
 
     fn listxattr(&self, _req: &Request, _ino: INodeNo, _size: u32, reply: ReplyXattr) {
+        let _turn = self.turn();
         reply.error(Errno::ENOSYS);
     }
 
     fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        let _turn = self.turn();
         reply.error(Errno::ENOSYS);
     }
 
@@ -715,10 +812,12 @@ impl Filesystem for FuseAdapter {
         _out_size: u32,
         reply: ReplyIoctl,
     ) {
+        let _turn = self.turn();
         reply.error(Errno::ENOTTY);
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        let _turn = self.turn();
         let t0 = Instant::now();
         let allowed = self.fs.access(ino.0, mask.contains(AccessFlags::W_OK));
         match metered("access", t0, allowed, nothing) {
@@ -737,6 +836,7 @@ impl Filesystem for FuseAdapter {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        let _turn = self.turn();
         let Some(name) = utf8(name) else {
             return reply.error(Errno::EINVAL);
         };

@@ -2,7 +2,8 @@
 //! taking over a descriptor someone else mounted, serving it on a thread of its own, the
 //! stop (writes made durable first), and unmounting, lazily when files are still open.
 
-use super::{fusermount, FuseAdapter};
+use super::driven::Driven;
+use super::{fusermount, Driver, FuseAdapter};
 use crate::fs::Fs;
 use fuser::MountOption;
 use std::os::fd::OwnedFd;
@@ -10,7 +11,6 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::runtime::Handle;
 
 /// How long a stopping daemon waits for its FUSE thread after unmounting.
 const THREAD_GRACE: Duration = Duration::from_secs(2);
@@ -133,15 +133,15 @@ pub struct Mounted {
 }
 
 impl Mounted {
-    /// Mounts `fs` on `mountpoint` and starts serving it, each request as a task on `rt`.
-    /// Returns once the kernel handshake is done: the mount is live.
+    /// Mounts `fs` on `mountpoint` and starts serving it, each request on `driver`'s
+    /// runtime. Returns once the kernel handshake is done: the mount is live.
     pub fn start(
         fs: Fs,
-        rt: Handle,
+        driver: Driver,
         mountpoint: &Path,
         settings: &MountSettings,
     ) -> std::io::Result<Mounted> {
-        let adapter = FuseAdapter { fs: fs.clone(), rt };
+        let (adapter, driven) = FuseAdapter::new(fs.clone(), driver);
         let config = mount_config(settings);
         // SAFETY: geteuid cannot fail and touches no memory.
         let root = unsafe { libc::geteuid() } == 0;
@@ -164,26 +164,35 @@ impl Mounted {
             let session = fuser::Session::from_fd(adapter, fd, config.acl, config.clone())?;
             (session, Unmounter::Fusermount(mountpoint.to_path_buf()))
         };
-        Self::run(session, unmounter, fs)
+        Self::run(session, unmounter, fs, driven)
     }
 
     /// Serves `fd`, a `/dev/fuse` descriptor already mounted by someone else (the GKE CSI
     /// driver, `mount.fuse3 -o drop_privileges`): no mount, no unmount, no kernel tuning.
     /// The kernel checks access as the mounter's options say, so every request is served.
-    pub fn serve_fd(fs: Fs, rt: Handle, fd: OwnedFd) -> std::io::Result<Mounted> {
-        let adapter = FuseAdapter { fs: fs.clone(), rt };
+    pub fn serve_fd(fs: Fs, driver: Driver, fd: OwnedFd) -> std::io::Result<Mounted> {
+        let (adapter, driven) = FuseAdapter::new(fs.clone(), driver);
         let config = fuser::Config::default();
         let session = fuser::Session::from_fd(adapter, fd, fuser::SessionACL::All, config)?;
-        Self::run(session, Unmounter::Nobody, fs)
+        Self::run(session, Unmounter::Nobody, fs, driven)
     }
 
     fn run(
         session: fuser::Session<FuseAdapter>,
         unmounter: Unmounter,
         fs: Fs,
+        driven: Option<Arc<Driven>>,
     ) -> std::io::Result<Mounted> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let serving = Arc::new(AtomicBool::new(true));
+        if let Some(driven) = driven {
+            use std::os::fd::AsFd;
+            driven.watch(session.as_fd().try_clone_to_owned()?)?;
+            let serving = serving.clone();
+            std::thread::Builder::new()
+                .name("rapidfs-standby".to_string())
+                .spawn(move || driven.stand_by(&serving))?;
+        }
         let notifier = session.notifier();
         let still_serving = serving.clone();
         let thread = std::thread::Builder::new()

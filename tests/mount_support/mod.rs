@@ -5,10 +5,12 @@
 use rapidfs::config::Config;
 use rapidfs::emulator::{Emulator, EmulatorOptions, Faults};
 use rapidfs::fs::Fs;
-use rapidfs::fuse::{MountSettings, Mounted};
+use rapidfs::fuse::{Driver, MountSettings, Mounted};
 use rapidfs::gcs::Client;
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tokio::runtime::Runtime;
 
 /// A running emulator and the runtime it (and the mounts) run on.
 pub struct Env {
@@ -56,11 +58,28 @@ impl Env {
 
     /// Mounts `bucket` with `cfg` in a fresh temporary directory.
     pub fn mount(&self, bucket: &str, cfg: &Config) -> Mount {
+        self.mount_on(bucket, cfg, None)
+    }
+
+    /// Mounts `bucket` with `cfg` on a current-thread runtime of the mount's own, which its
+    /// FUSE thread drives: what the daemon does on fewer than 4 cores.
+    pub fn mount_driven(&self, bucket: &str, cfg: &Config) -> Mount {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        self.mount_on(bucket, cfg, Some(Arc::new(rt)))
+    }
+
+    /// Mounts `bucket` on `own` (driven by the FUSE thread) when given, else on the
+    /// environment's worker runtime.
+    fn mount_on(&self, bucket: &str, cfg: &Config, own: Option<Arc<Runtime>>) -> Mount {
         let dir = tempfile::Builder::new()
             .prefix("rapidfs-mnt-")
             .tempdir()
             .expect("tempdir");
-        let fs = self.rt.block_on(async {
+        let rt = own.as_deref().unwrap_or(&self.rt);
+        let fs = rt.block_on(async {
             let client = Client::connect(&cfg.gcs).await.expect("client connects");
             let fs = Fs::new(client, bucket, cfg);
             fs.check_bucket().await.expect("bucket answers");
@@ -72,12 +91,17 @@ impl Env {
             allow_other: false,
             extra: vec![],
         };
-        let mounted = Mounted::start(fs.clone(), self.rt.handle().clone(), dir.path(), &settings)
+        let driver = match &own {
+            Some(rt) => Driver::FuseThread(rt.clone()),
+            None => Driver::Workers(self.rt.handle().clone()),
+        };
+        let mounted = Mounted::start(fs.clone(), driver, dir.path(), &settings)
             .unwrap_or_else(|e| panic!("FUSE mount on {} failed: {e}", dir.path().display()));
         Mount {
             path: dir.path().to_path_buf(),
             fs,
             mounted: Some(mounted),
+            runtime: own,
             _dir: dir,
         }
     }
@@ -97,6 +121,8 @@ pub struct Mount {
     /// The mounted filesystem, for what only the daemon knows (its inodes).
     pub fs: Fs,
     mounted: Option<Mounted>,
+    /// The mount's own runtime, when its FUSE thread drives one (`Env::mount_driven`).
+    pub runtime: Option<Arc<Runtime>>,
     _dir: tempfile::TempDir,
 }
 

@@ -1,0 +1,253 @@
+//! The FUSE thread as the runtime's own driver, on a machine of few cores. With a worker
+//! runtime every request that waits on the network crosses threads twice: the FUSE thread
+//! wakes a worker (which sends the request), and the worker sleeps until the answer. Here the
+//! runtime is a current-thread one, and the FUSE thread drives it between requests: after
+//! each request it runs the runtime (every task, timer and socket) until the kernel has the
+//! next request ready, so a small file's read is sent, answered and replied to on one thread.
+//!
+//! fuser reads `/dev/fuse` blocking; the thread only ever gets there once a request is
+//! pending, which it learns from a duplicate of the descriptor registered with the runtime.
+//! A few paths leave fuser's loop without passing through here (fuser answers some requests
+//! itself, the operations the adapter leaves to fuser's defaults answer ENOSYS without a
+//! turn, and the first request after the handshake has no turn before it): a standby
+//! thread drives the runtime while the FUSE thread has been away for a whole `STANDBY_CHECK`,
+//! and hands it back as soon as the FUSE thread returns.
+
+use std::future::Future;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+use tokio::runtime::Runtime;
+use tokio::sync::Notify;
+
+/// How long the FUSE thread may be away from the runtime before the standby thread drives
+/// it: the longest a background task (a signal, an upload) waits on an idle mount.
+const STANDBY_CHECK: Duration = Duration::from_millis(20);
+
+/// A current-thread runtime and the FUSE session whose thread drives it.
+pub(super) struct Driven {
+    rt: Arc<Runtime>,
+    /// The session's `/dev/fuse`, registered with `rt` for its readiness only: never read.
+    requests: OnceLock<AsyncFd<OwnedFd>>,
+    /// The FUSE thread is inside the runtime (or about to be).
+    inside: AtomicBool,
+    /// Times the FUSE thread has left the runtime to serve a request.
+    turns: AtomicU64,
+    /// The standby thread drives the runtime now.
+    standing_in: AtomicBool,
+    /// Wakes the standby thread's drive, so that it gives the runtime back.
+    give_back: Notify,
+}
+
+impl Driven {
+    /// The driver of `rt`, which must be a current-thread runtime.
+    pub(super) fn new(rt: Arc<Runtime>) -> Driven {
+        Driven {
+            rt,
+            requests: OnceLock::new(),
+            inside: AtomicBool::new(false),
+            turns: AtomicU64::new(0),
+            standing_in: AtomicBool::new(false),
+            give_back: Notify::new(),
+        }
+    }
+
+    /// Registers the session's descriptor (a duplicate of it), whose readiness ends each turn.
+    pub(super) fn watch(&self, fuse: OwnedFd) -> std::io::Result<()> {
+        let _runtime = self.rt.enter();
+        // SAFETY: an OwnedFd stays open, and is the same descriptor, until the AsyncFd that
+        // owns it is dropped.
+        let watched = unsafe { AsyncFd::register_with_interest(fuse, Interest::READABLE) }?;
+        let _ = self.requests.set(watched);
+        Ok(())
+    }
+
+    /// Polls `answer` once here and leaves it to the runtime as a task if it has to wait;
+    /// the runtime runs it at the end of this request's turn.
+    pub(super) fn answer(&self, answer: impl Future<Output = ()> + Send + 'static) {
+        self.inside(async move {
+            let mut answer = Box::pin(answer);
+            let mut cx = std::task::Context::from_waker(futures::task::noop_waker_ref());
+            if answer.as_mut().poll(&mut cx).is_pending() {
+                tokio::spawn(answer);
+            }
+        });
+    }
+
+    /// Runs the runtime until the kernel has the next request ready (or the session ended):
+    /// the end of every request's turn.
+    pub(super) fn until_next_request(&self) {
+        let Some(requests) = self.requests.get() else {
+            return;
+        };
+        self.inside(next_request(requests));
+        self.turns.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Runs `f` to completion on the runtime, taking it back from the standby thread first.
+    fn inside<T>(&self, f: impl Future<Output = T>) -> T {
+        self.inside.store(true, Ordering::SeqCst);
+        if self.standing_in.load(Ordering::SeqCst) {
+            self.give_back.notify_waiters();
+        }
+        let out = self.rt.block_on(f);
+        self.inside.store(false, Ordering::SeqCst);
+        out
+    }
+
+    /// The standby thread's loop, while `serving`: drives the runtime whenever the FUSE
+    /// thread has been away from it for a whole `STANDBY_CHECK` without a turn.
+    pub(super) fn stand_by(&self, serving: &AtomicBool) {
+        let mut seen = self.turns.load(Ordering::Relaxed);
+        while serving.load(Ordering::Acquire) {
+            std::thread::sleep(STANDBY_CHECK);
+            let turns = self.turns.load(Ordering::Relaxed);
+            if turns != seen || self.inside.load(Ordering::SeqCst) {
+                seen = turns;
+                continue;
+            }
+            self.rt.block_on(self.stand_in(serving));
+            seen = self.turns.load(Ordering::Relaxed);
+        }
+    }
+
+    /// Drives the runtime until the FUSE thread comes back to it or the session ends.
+    async fn stand_in(&self, serving: &AtomicBool) {
+        self.standing_in.store(true, Ordering::SeqCst);
+        loop {
+            let notified = self.give_back.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.inside.load(Ordering::SeqCst) || !serving.load(Ordering::Acquire) {
+                break;
+            }
+            tokio::select! {
+                _ = notified => break,
+                _ = tokio::time::sleep(STANDBY_CHECK) => {}
+            }
+        }
+        self.standing_in.store(false, Ordering::SeqCst);
+    }
+}
+
+/// Resolves once `/dev/fuse` has a request to read, or an error (the session ended).
+/// Readiness is edge-triggered and one edge may stand for several requests, so the queue
+/// itself is asked each time the readiness is cleared: a request that came before the clear
+/// is seen there, one that comes after raises a fresh edge.
+async fn next_request(requests: &AsyncFd<OwnedFd>) {
+    tokio::task::yield_now().await;
+    loop {
+        if request_pending(requests.as_raw_fd()) {
+            return;
+        }
+        match requests.ready(Interest::READABLE | Interest::ERROR).await {
+            Ok(mut ready) => ready.clear_ready(),
+            Err(_) => return,
+        }
+    }
+}
+
+/// Whether the kernel has something for the FUSE thread on `fd` (a request, or an error).
+fn request_pending(fd: i32) -> bool {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, no wait; poll writes only its revents.
+    let ready = unsafe { libc::poll(&mut pfd, 1, 0) };
+    ready != 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::sync::mpsc;
+
+    fn current_thread() -> Arc<Runtime> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        Arc::new(rt)
+    }
+
+    /// A `Driven` watching the read end of a pipe, which stands in for `/dev/fuse`: a byte
+    /// in the pipe is a pending request.
+    fn driven_by_pipe() -> (Driven, std::io::PipeReader, std::io::PipeWriter) {
+        let driven = Driven::new(current_thread());
+        let (rx, tx) = std::io::pipe().expect("pipe");
+        driven
+            .watch(rx.try_clone().expect("dup").into())
+            .expect("registered");
+        (driven, rx, tx)
+    }
+
+    #[test]
+    fn a_turn_ends_at_each_pending_request_however_many_one_wake_up_stood_for() {
+        let (driven, mut rx, mut tx) = driven_by_pipe();
+        tx.write_all(b"ab").expect("two requests");
+        let mut one = [0u8; 1];
+        driven.until_next_request();
+        rx.read_exact(&mut one).expect("first");
+        // No new wake-up comes for the second request: the turn must see it anyway.
+        driven.until_next_request();
+        rx.read_exact(&mut one).expect("second");
+        assert_eq!(one, *b"b");
+        let written = Arc::new(AtomicBool::new(false));
+        let writer = {
+            let written = written.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(50));
+                written.store(true, Ordering::SeqCst);
+                tx.write_all(b"c").expect("third");
+                tx
+            })
+        };
+        driven.until_next_request();
+        assert!(
+            written.load(Ordering::SeqCst),
+            "the turn ended with nothing pending"
+        );
+        drop(writer.join().expect("writer"));
+    }
+
+    #[test]
+    fn a_turn_runs_the_runtime_and_ends_when_the_session_does() {
+        let (driven, _rx, tx) = driven_by_pipe();
+        let (sent, received) = mpsc::channel();
+        driven.rt.spawn(async move {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            let _ = sent.send(());
+            // The write end closing is what an unmount is to /dev/fuse: an error to poll.
+            drop(tx);
+        });
+        driven.until_next_request();
+        received.try_recv().expect("the task ran during the turn");
+    }
+
+    #[test]
+    fn the_standby_drives_the_runtime_while_the_fuse_thread_is_away() {
+        let (driven, _rx, _tx) = driven_by_pipe();
+        let driven = Arc::new(driven);
+        let serving = Arc::new(AtomicBool::new(true));
+        let standby = {
+            let (driven, serving) = (driven.clone(), serving.clone());
+            std::thread::spawn(move || driven.stand_by(&serving))
+        };
+        let (sent, received) = mpsc::channel();
+        driven.rt.spawn(async move {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            let _ = sent.send(());
+        });
+        received
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the standby ran the task");
+        serving.store(false, Ordering::Release);
+        standby.join().expect("the standby stops with the session");
+    }
+}
