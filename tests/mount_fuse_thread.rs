@@ -1,6 +1,7 @@
 //! A real FUSE mount whose FUSE thread drives the runtime itself (the daemon's way below 4
 //! cores): reads by several threads at once, a big file read while small ones are, writes
-//! made durable by fsync and close, listings, renames, and the tasks of an idle mount.
+//! made durable by fsync and close, listings, renames, the tasks of an idle mount, and the
+//! end of the session told to the runtime after an unmount from outside.
 
 mod mount_support;
 mod write_support;
@@ -111,5 +112,29 @@ fn an_idle_mount_driven_by_its_fuse_thread_still_runs_its_tasks() {
     received
         .recv_timeout(Duration::from_secs(30))
         .expect("the idle mount's runtime ran the task");
+    m.unmount();
+}
+
+#[test]
+fn an_unmount_from_outside_reaches_the_runtime_after_the_fuse_thread_is_gone() {
+    let env = Env::new(BUCKET);
+    let mut m = env.mount_driven(BUCKET, &env.config());
+    let ended = m.ended();
+    let (sent, received) = mpsc::channel();
+    let rt = m.runtime.clone().expect("the mount's own runtime");
+    // The daemon's main thread waits for the end this way: a task, and a channel out.
+    rt.spawn(async move {
+        if ended.await.is_ok() {
+            let _ = sent.send(());
+        }
+    });
+    let st = std::process::Command::new("umount")
+        .arg(&m.path)
+        .status()
+        .expect("umount runs");
+    assert!(st.success(), "umount {}", m.path.display());
+    received
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the session's end reached the task");
     m.unmount();
 }

@@ -9,9 +9,10 @@
 //! pending, which it learns from a duplicate of the descriptor registered with the runtime.
 //! A few paths leave fuser's loop without passing through here (fuser answers some requests
 //! itself, the operations the adapter leaves to fuser's defaults answer ENOSYS without a
-//! turn, and the first request after the handshake has no turn before it): a standby
-//! thread drives the runtime while the FUSE thread has been away for a whole `STANDBY_CHECK`,
-//! and hands it back as soon as the FUSE thread returns.
+//! turn, and the first request after the handshake has no turn before it), and once the
+//! session ends there are no turns at all: a standby thread drives the runtime while the
+//! FUSE thread has been away for a whole `STANDBY_CHECK`, and hands it back as soon as the
+//! FUSE thread returns.
 
 use std::future::Future;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -36,6 +37,15 @@ pub(super) struct Driven {
     inside: AtomicBool,
     /// Times the FUSE thread has left the runtime to serve a request.
     turns: AtomicU64,
+    /// The standby thread goes on standing by (until the mount is finished).
+    standing_by: AtomicBool,
+    /// The standby thread, to wake when it sleeps until the FUSE thread leaves the runtime.
+    standby: OnceLock<std::thread::Thread>,
+    /// The standby thread sleeps until the FUSE thread leaves the runtime: an idle mount's
+    /// FUSE thread waits inside, and nothing then wakes the standby thread for nothing.
+    standby_asleep: AtomicBool,
+    /// The session has ended: no turn comes again.
+    session_over: AtomicBool,
     /// The standby thread drives the runtime now.
     standing_in: AtomicBool,
     /// Wakes the standby thread's drive, so that it gives the runtime back.
@@ -50,6 +60,10 @@ impl Driven {
             requests: OnceLock::new(),
             inside: AtomicBool::new(false),
             turns: AtomicU64::new(0),
+            standing_by: AtomicBool::new(true),
+            standby: OnceLock::new(),
+            standby_asleep: AtomicBool::new(false),
+            session_over: AtomicBool::new(false),
             standing_in: AtomicBool::new(false),
             give_back: Notify::new(),
         }
@@ -95,33 +109,73 @@ impl Driven {
         }
         let out = self.rt.block_on(f);
         self.inside.store(false, Ordering::SeqCst);
+        if self.standby_asleep.swap(false, Ordering::SeqCst) {
+            self.wake_standby();
+        }
         out
     }
 
-    /// The standby thread's loop, while `serving`: drives the runtime whenever the FUSE
-    /// thread has been away from it for a whole `STANDBY_CHECK` without a turn.
-    pub(super) fn stand_by(&self, serving: &AtomicBool) {
+    fn wake_standby(&self) {
+        if let Some(standby) = self.standby.get() {
+            standby.unpark();
+        }
+    }
+
+    /// The standby thread's loop, until `stop_standing_by`: drives the runtime whenever the
+    /// FUSE thread has been away from it for a whole `STANDBY_CHECK` without a turn, and
+    /// for good once the session has ended; sleeps while the FUSE thread waits inside it.
+    pub(super) fn stand_by(&self) {
+        let _ = self.standby.set(std::thread::current());
         let mut seen = self.turns.load(Ordering::Relaxed);
-        while serving.load(Ordering::Acquire) {
-            std::thread::sleep(STANDBY_CHECK);
+        while self.standing_by.load(Ordering::Acquire) {
+            std::thread::park_timeout(STANDBY_CHECK);
+            if self.session_over.load(Ordering::Acquire) {
+                self.rt.block_on(self.stand_in());
+                continue;
+            }
+            if self.inside.load(Ordering::SeqCst) {
+                // Asleep first, then the FUSE thread asked again: if it left in between,
+                // either this sees it or it sees the standby asleep and wakes it.
+                self.standby_asleep.store(true, Ordering::SeqCst);
+                if self.inside.load(Ordering::SeqCst) && self.standing_by.load(Ordering::Acquire) {
+                    std::thread::park();
+                }
+                self.standby_asleep.store(false, Ordering::SeqCst);
+                seen = self.turns.load(Ordering::Relaxed);
+                continue;
+            }
             let turns = self.turns.load(Ordering::Relaxed);
-            if turns != seen || self.inside.load(Ordering::SeqCst) {
+            if turns != seen {
                 seen = turns;
                 continue;
             }
-            self.rt.block_on(self.stand_in(serving));
+            self.rt.block_on(self.stand_in());
             seen = self.turns.load(Ordering::Relaxed);
         }
     }
 
-    /// Drives the runtime until the FUSE thread comes back to it or the session ends.
-    async fn stand_in(&self, serving: &AtomicBool) {
+    /// Called by the FUSE thread as it leaves for good: the standby drives the runtime from
+    /// now on, at once, so that whoever waits for the session's end hears of it.
+    pub(super) fn session_ended(&self) {
+        self.session_over.store(true, Ordering::Release);
+        self.wake_standby();
+    }
+
+    /// Ends `stand_by`, waking the standby thread wherever it waits.
+    pub(super) fn stop_standing_by(&self) {
+        self.standing_by.store(false, Ordering::Release);
+        self.wake_standby();
+        self.give_back.notify_waiters();
+    }
+
+    /// Drives the runtime until the FUSE thread comes back to it or the standby stops.
+    async fn stand_in(&self) {
         self.standing_in.store(true, Ordering::SeqCst);
         loop {
             let notified = self.give_back.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if self.inside.load(Ordering::SeqCst) || !serving.load(Ordering::Acquire) {
+            if self.inside.load(Ordering::SeqCst) || !self.standing_by.load(Ordering::Acquire) {
                 break;
             }
             tokio::select! {
@@ -234,10 +288,9 @@ mod tests {
     fn the_standby_drives_the_runtime_while_the_fuse_thread_is_away() {
         let (driven, _rx, _tx) = driven_by_pipe();
         let driven = Arc::new(driven);
-        let serving = Arc::new(AtomicBool::new(true));
         let standby = {
-            let (driven, serving) = (driven.clone(), serving.clone());
-            std::thread::spawn(move || driven.stand_by(&serving))
+            let driven = driven.clone();
+            std::thread::spawn(move || driven.stand_by())
         };
         let (sent, received) = mpsc::channel();
         driven.rt.spawn(async move {
@@ -247,7 +300,37 @@ mod tests {
         received
             .recv_timeout(Duration::from_secs(30))
             .expect("the standby ran the task");
-        serving.store(false, Ordering::Release);
-        standby.join().expect("the standby stops with the session");
+        driven.stop_standing_by();
+        standby.join().expect("the standby stops when told");
+    }
+
+    #[test]
+    fn the_standby_sleeps_while_the_fuse_thread_waits_inside_and_wakes_when_it_leaves() {
+        let (driven, mut rx, mut tx) = driven_by_pipe();
+        let driven = Arc::new(driven);
+        let standby = {
+            let driven = driven.clone();
+            std::thread::spawn(move || driven.stand_by())
+        };
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            tx.write_all(b"x").expect("a request");
+            tx
+        });
+        // Inside for 200 ms: the standby goes to sleep.
+        driven.until_next_request();
+        let mut one = [0u8; 1];
+        rx.read_exact(&mut one).expect("the request");
+        // Away from now on: the standby must wake and run the task.
+        let (sent, received) = mpsc::channel();
+        driven.rt.spawn(async move {
+            let _ = sent.send(());
+        });
+        received
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the standby woke and ran the task");
+        driven.stop_standing_by();
+        standby.join().expect("the standby stops when told");
+        drop(writer.join().expect("writer"));
     }
 }

@@ -128,6 +128,9 @@ pub struct Mounted {
     unmounter: Unmounter,
     thread: Option<std::thread::JoinHandle<std::io::Result<()>>>,
     ended: Option<tokio::sync::oneshot::Receiver<()>>,
+    /// Where the FUSE thread drives the runtime: its driver, and the standby thread, which
+    /// stands by until the mount is finished.
+    standby: Option<(Arc<Driven>, std::thread::JoinHandle<()>)>,
     fs: Fs,
     finished: bool,
 }
@@ -185,22 +188,32 @@ impl Mounted {
     ) -> std::io::Result<Mounted> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let serving = Arc::new(AtomicBool::new(true));
-        if let Some(driven) = driven {
-            use std::os::fd::AsFd;
-            driven.watch(session.as_fd().try_clone_to_owned()?)?;
-            let serving = serving.clone();
-            std::thread::Builder::new()
-                .name("rapidfs-standby".to_string())
-                .spawn(move || driven.stand_by(&serving))?;
-        }
+        // The standby outlives the session: whoever waits for its end (the daemon's main
+        // thread, through a task) needs the runtime driven once the FUSE thread is gone.
+        let standby = match driven {
+            Some(driven) => {
+                use std::os::fd::AsFd;
+                driven.watch(session.as_fd().try_clone_to_owned()?)?;
+                let standing_by = driven.clone();
+                let thread = std::thread::Builder::new()
+                    .name("rapidfs-standby".to_string())
+                    .spawn(move || standing_by.stand_by())?;
+                Some((driven, thread))
+            }
+            None => None,
+        };
         let notifier = session.notifier();
         let still_serving = serving.clone();
+        let over = standby.as_ref().map(|(driven, _)| driven.clone());
         let thread = std::thread::Builder::new()
             .name("fuse".to_string())
             .spawn(move || {
                 let r = session.run();
                 still_serving.store(false, Ordering::Release);
                 let _ = tx.send(());
+                if let Some(driven) = over {
+                    driven.session_ended();
+                }
                 r
             })?;
         let shedder = fs.clone();
@@ -211,6 +224,7 @@ impl Mounted {
             unmounter,
             thread: Some(thread),
             ended: Some(rx),
+            standby,
             fs,
             finished: false,
         })
@@ -268,6 +282,10 @@ impl Mounted {
             Some(Err(_)) => Err(std::io::Error::other("the FUSE thread panicked")),
             None => Ok(()),
         };
+        if let Some((driven, thread)) = self.standby.take() {
+            driven.stop_standing_by();
+            let _ = thread.join();
+        }
         unmounted.map(|_| ()).and(joined)
     }
 }

@@ -131,6 +131,11 @@ impl Mount {
         self.path.join(rel)
     }
 
+    /// Resolves when the session ends (see `Mounted::ended`).
+    pub fn ended(&mut self) -> tokio::sync::oneshot::Receiver<()> {
+        self.mounted.as_mut().expect("mounted").ended()
+    }
+
     pub fn unmount(mut self) {
         if let Some(m) = self.mounted.take() {
             m.unmount().expect("unmount");
