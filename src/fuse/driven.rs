@@ -284,14 +284,19 @@ mod tests {
         received.try_recv().expect("the task ran during the turn");
     }
 
-    #[test]
-    fn the_standby_drives_the_runtime_while_the_fuse_thread_is_away() {
-        let (driven, _rx, _tx) = driven_by_pipe();
-        let driven = Arc::new(driven);
-        let standby = {
-            let driven = driven.clone();
-            std::thread::spawn(move || driven.stand_by())
-        };
+    /// A standby thread for `driven`; stopped and joined by `stop`.
+    fn standby_of(driven: &Arc<Driven>) -> std::thread::JoinHandle<()> {
+        let driven = driven.clone();
+        std::thread::spawn(move || driven.stand_by())
+    }
+
+    fn stop(driven: &Driven, standby: std::thread::JoinHandle<()>) {
+        driven.stop_standing_by();
+        standby.join().expect("the standby stops when told");
+    }
+
+    /// Spawns a task on `driven`'s runtime from outside it and waits for it to have run.
+    fn a_task_runs(driven: &Driven) {
         let (sent, received) = mpsc::channel();
         driven.rt.spawn(async move {
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -299,19 +304,23 @@ mod tests {
         });
         received
             .recv_timeout(Duration::from_secs(30))
-            .expect("the standby ran the task");
-        driven.stop_standing_by();
-        standby.join().expect("the standby stops when told");
+            .expect("nothing ran the task");
+    }
+
+    #[test]
+    fn the_standby_drives_the_runtime_while_the_fuse_thread_is_away() {
+        let (driven, _rx, _tx) = driven_by_pipe();
+        let driven = Arc::new(driven);
+        let standby = standby_of(&driven);
+        a_task_runs(&driven);
+        stop(&driven, standby);
     }
 
     #[test]
     fn the_standby_sleeps_while_the_fuse_thread_waits_inside_and_wakes_when_it_leaves() {
         let (driven, mut rx, mut tx) = driven_by_pipe();
         let driven = Arc::new(driven);
-        let standby = {
-            let driven = driven.clone();
-            std::thread::spawn(move || driven.stand_by())
-        };
+        let standby = standby_of(&driven);
         let writer = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(200));
             tx.write_all(b"x").expect("a request");
@@ -322,15 +331,8 @@ mod tests {
         let mut one = [0u8; 1];
         rx.read_exact(&mut one).expect("the request");
         // Away from now on: the standby must wake and run the task.
-        let (sent, received) = mpsc::channel();
-        driven.rt.spawn(async move {
-            let _ = sent.send(());
-        });
-        received
-            .recv_timeout(Duration::from_secs(30))
-            .expect("the standby woke and ran the task");
-        driven.stop_standing_by();
-        standby.join().expect("the standby stops when told");
+        a_task_runs(&driven);
+        stop(&driven, standby);
         drop(writer.join().expect("writer"));
     }
 }
