@@ -134,8 +134,8 @@ impl Driven {
                 continue;
             }
             if self.inside.load(Ordering::SeqCst) {
-                // Asleep first, then the FUSE thread asked again: if it left in between,
-                // either this sees it or it sees the standby asleep and wakes it.
+                // Marked asleep before asking again: if the FUSE thread leaves in between,
+                // either this sees it leave or it sees the mark and wakes this thread.
                 self.standby_asleep.store(true, Ordering::SeqCst);
                 if self.inside.load(Ordering::SeqCst) && self.standing_by.load(Ordering::Acquire) {
                     std::thread::park();
@@ -192,6 +192,9 @@ impl Driven {
 /// itself is asked each time the readiness is cleared: a request that came before the clear
 /// is seen there, one that comes after raises a fresh edge.
 async fn next_request(requests: &AsyncFd<OwnedFd>) {
+    // One pass of the runtime first, even when the next request is already waiting: else a
+    // sequential reader's read-ahead window of requests is all taken in before any data is
+    // received (a 1 GiB read ran 0.73x as fast, with twice the emulator's CPU per GiB).
     tokio::task::yield_now().await;
     loop {
         if request_pending(requests.as_raw_fd()) {
