@@ -47,6 +47,13 @@ the pass. From these the report works out what the 0.8x-local-cold target leaves
 at that rate the machine has at most cores / rate of CPU per sample, of which the DataLoader
 side (busy minus serving) and the emulator take their measured shares first.
 
+With `--train MODEL` (a torchvision model name, e.g. resnet50) every pass also trains MODEL on
+each batch, on the GPU when there is one: the worker processes turn each sample's first
+3 x 128 x 128 bytes into an image (a copy, standing in for decoding), the main process takes
+one SGD step in bf16 autocast per batch (after warm-up steps outside the timing), and the row
+"train, no reading" takes the same steps on one batch held in memory: the model's ceiling,
+which the other rows are read against.
+
 Every figure is the median of the runs (min and max in the JSON); ratios are against rows of
 the same run. The emulator, the daemon and the DataLoader share the machine's cores.
 Writes target/bench-results/workload.json. Needs root (drop_caches, mounts), fuse3, bindfs, and a
@@ -80,6 +87,10 @@ CLASSES = 100
 # Files read per pass unless --sample says otherwise.
 DEFAULT_SAMPLE = 5000
 BATCH = 32
+# Side of the square three-channel image a sample becomes with --train.
+IMAGE = 128
+# Training steps taken before a pass's clock starts (cuDNN's autotuning, allocations).
+WARMUP_STEPS = 15
 ROWS = ("local", "passthrough", "rapidfs", "helper", "google", "raw", "budget")
 BUCKET = "bench"
 SEED = 9
@@ -179,10 +190,85 @@ def collate(batch):
     return batch
 
 
+def to_images(batch):
+    """Collate for --train: each sample's first 3 x IMAGE x IMAGE bytes (zero-padded) as a
+    uint8 image, its size modulo CLASSES as its label; and the bytes the batch read."""
+    import torch
+
+    n = 3 * IMAGE * IMAGE
+    images = torch.zeros((len(batch), 3, IMAGE, IMAGE), dtype=torch.uint8)
+    flat = images.view(len(batch), -1)
+    for i, b in enumerate(batch):
+        m = min(n, len(b))
+        flat[i, :m] = torch.frombuffer(bytearray(b[:m]), dtype=torch.uint8)
+    labels = torch.tensor([len(b) % CLASSES for b in batch])
+    return images, labels, sum(len(b) for b in batch)
+
+
+class Trainer:
+    """One SGD step of torchvision's `model` per batch, bf16 autocast, channels-last, on CUDA
+    when there is a GPU (else the CPU, for a smoke run); warmed up when made."""
+
+    def __init__(self, model):
+        import torch
+        import torchvision
+
+        self.torch = torch
+        self.dev = "cuda" if torch.cuda.is_available() else "cpu"
+        torch.backends.cudnn.benchmark = True
+        self.model = getattr(torchvision.models, model)(num_classes=CLASSES).to(
+            self.dev, memory_format=torch.channels_last)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
+        self.loss = torch.nn.CrossEntropyLoss()
+        images, labels = self.held_batch()
+        for _ in range(WARMUP_STEPS):
+            self.step(images, labels)
+        self.sync()
+
+    def held_batch(self):
+        """A batch of random images and labels, as `to_images` makes them."""
+        torch = self.torch
+        return (torch.randint(0, 256, (BATCH, 3, IMAGE, IMAGE), dtype=torch.uint8),
+                torch.randint(0, CLASSES, (BATCH,)))
+
+    def step(self, images, labels):
+        torch = self.torch
+        x = images.to(self.dev, non_blocking=True).float().div_(255).contiguous(
+            memory_format=torch.channels_last)
+        y = labels.to(self.dev, non_blocking=True)
+        with torch.autocast(self.dev, dtype=torch.bfloat16):
+            loss = self.loss(self.model(x), y)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+
+    def sync(self):
+        """Waits for the steps queued on the GPU, so that the clock covers them."""
+        if self.dev == "cuda":
+            self.torch.cuda.synchronize()
+
+
+def held_pass(spec, trainer):
+    """The training steps of a pass over `spec`'s sample on one batch held in memory."""
+    images, labels = trainer.held_batch()
+    n = len(spec["order"])
+    t0 = time.perf_counter()
+    for start in range(0, n, BATCH):
+        k = min(BATCH, n - start)
+        trainer.step(images[:k], labels[:k])
+    trainer.sync()
+    secs = time.perf_counter() - t0
+    return {"seconds": secs, "samples": n, "bytes": 0, "first_batch_seconds": 0.0,
+            "first_batch_samples": 0}
+
+
 def run_pass(spec):
     from torch.utils.data import DataLoader
 
     order = spec["order"]
+    trainer = Trainer(spec["train"]) if spec.get("train") else None
+    if spec["kind"] == "held":
+        return held_pass(spec, trainer)
     if spec["kind"] == "gcs":
         ds = GcsDataset(spec["endpoint"], spec["names"])
     else:
@@ -194,16 +280,27 @@ def run_pass(spec):
         sampler = RapidfsSampler(order, spec["paths"], spec["mountpoint"])
     workers = spec["workers"]
     loader = DataLoader(ds, batch_size=BATCH, sampler=sampler, num_workers=workers,
-                        collate_fn=collate, prefetch_factor=2 if workers else None)
+                        collate_fn=to_images if trainer else collate,
+                        pin_memory=bool(trainer and trainer.dev == "cuda"),
+                        prefetch_factor=2 if workers else None)
     stat0 = cpu_ticks()
     t0 = time.perf_counter()
     first, first_samples, samples, nbytes = None, 0, 0, 0
     for batch in loader:
+        if trainer:
+            images, labels, size = batch
+            n = len(labels)
+        else:
+            n, size = len(batch), sum(len(b) for b in batch)
         if first is None:
             first = time.perf_counter() - t0
-            first_samples = len(batch)
-        samples += len(batch)
-        nbytes += sum(len(b) for b in batch)
+            first_samples = n
+        samples += n
+        nbytes += size
+        if trainer:
+            trainer.step(images, labels)
+    if trainer:
+        trainer.sync()
     secs = time.perf_counter() - t0
     idle, total = (b - a for a, b in zip(stat0, cpu_ticks()))
     return {"seconds": secs, "samples": samples, "bytes": nbytes, "first_batch_seconds": first,
@@ -390,10 +487,10 @@ class Env:
 # The rows.
 
 
-def child_pass(python, spec, work):
+def child_pass(python, spec, work, train=None):
     path = os.path.join(work, "pass.json")
     with open(path, "w") as f:
-        json.dump(spec, f)
+        json.dump({**spec, "train": train}, f)
     r = subprocess.run([python, os.path.abspath(__file__), "--pass", path],
                        capture_output=True, text=True, timeout=1800)
     if r.returncode != 0:
@@ -471,6 +568,9 @@ def main():
                     "(the raw row still needs cargo)")
     ap.add_argument("--workers", type=lambda v: [int(x) for x in v.split(",")],
                     default=[0, 2, 4], help="DataLoader worker counts (default 0,2,4)")
+    ap.add_argument("--train", metavar="MODEL",
+                    help="also train torchvision's MODEL (e.g. resnet50) on every batch, on the "
+                    "GPU when there is one, and add the row 'train, no reading'")
     ap.add_argument("--pass", dest="pass_spec", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.pass_spec:
@@ -536,13 +636,16 @@ def main():
     try:
         for run in range(runs):
             log(f"run {run + 1} of {runs}")
+            if args.train:
+                add(("train, no reading", 0, 0), child_pass(python, {
+                    "kind": "held", "order": order, "workers": 0}, work, args.train))
             for w in workers if "local" in rows else ():
                 paths = [os.path.join(local_root, n) for n in names]
                 drop_caches()
                 add(("local cold", 0, w), child_pass(python, {
-                    "kind": "files", "paths": paths, "order": order, "workers": w}, work))
+                    "kind": "files", "paths": paths, "order": order, "workers": w}, work, args.train))
                 add(("local warm", 0, w), child_pass(python, {
-                    "kind": "files", "paths": paths, "order": order, "workers": w}, work))
+                    "kind": "files", "paths": paths, "order": order, "workers": w}, work, args.train))
             for w in workers if "passthrough" in rows else ():
                 mnt = env.mount_passthrough(local_root)
                 drop_caches()
@@ -550,7 +653,7 @@ def main():
                 cpu0 = cpu_seconds(pid)
                 res = child_pass(python, {
                     "kind": "files", "paths": [os.path.join(mnt, n) for n in names],
-                    "order": order, "workers": w}, work)
+                    "order": order, "workers": w}, work, args.train)
                 res["service_cpu_s"] = cpu_seconds(pid) - cpu0
                 add(("fuse passthrough cold", 0, w), res)
                 env.unmount(mnt)
@@ -570,7 +673,7 @@ def main():
                         cpu0, daemon0 = cpu_seconds(*pids), cpu_seconds(pids[0])
                         res = child_pass(python, {
                             "kind": "files", "paths": paths, "order": order, "workers": w,
-                            "helper": helper, "mountpoint": mnt}, work)
+                            "helper": helper, "mountpoint": mnt}, work, args.train)
                         res["service_cpu_s"] = cpu_seconds(*pids) - cpu0
                         res["daemon_cpu_s"] = cpu_seconds(pids[0]) - daemon0
                         add(key, res)
@@ -579,7 +682,7 @@ def main():
                         cpu0 = cpu_seconds(env.emulator.pid)
                         res = child_pass(python, {
                             "kind": "gcs", "endpoint": env.endpoint, "names": names,
-                            "order": order, "workers": w}, work)
+                            "order": order, "workers": w}, work, args.train)
                         res["service_cpu_s"] = cpu_seconds(env.emulator.pid) - cpu0
                         add(("google client", lat, w), res)
                 if "raw" in rows:
@@ -592,7 +695,7 @@ def main():
                     paths = [os.path.join(mnt, n) for n in names]
                     res = child_pass(python, {
                         "kind": "files", "paths": paths, "order": order, "workers": 2,
-                        "helper": True, "mountpoint": mnt}, work)
+                        "helper": True, "mountpoint": mnt}, work, args.train)
                     after = env.stats()
                     prefetch = daemon_stats(mnt)
                     pid = env.mounts.get(mnt)
@@ -609,7 +712,7 @@ def main():
         env.close()
         shutil.rmtree(work, ignore_errors=True)
 
-    report(results, extra, sample, sample_bytes, runs, budget_mb, binary)
+    report(results, extra, sample, sample_bytes, runs, budget_mb, binary, args.train)
 
 
 def daemon_stats(mnt):
@@ -644,18 +747,26 @@ def daemon_budget(rows, cores):
             "passthrough": bindfs["service_cpu_ms_per_sample"] if bindfs else None}
 
 
-def report(results, extra, sample, sample_bytes, runs, budget_mb, binary):
+def train_device():
+    """The device --train runs on, in words."""
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU, no GPU"
+
+
+def report(results, extra, sample, sample_bytes, runs, budget_mb, binary, train):
     rows = {k: median_row(v) for k, v in results.items()}
     cores = os.cpu_count()
     kernel = platform.release()
     print(f"\nworkload benchmark: DataLoader, batch {BATCH}, {FILES} files "
           f"(16 KiB..1 MiB, median ~110 KiB), each pass reads the same shuffled sample of "
           f"{sample} files ({sample_bytes / MiB:.0f} MiB); median of {runs} run(s); "
-          f"{cores} cores shared by emulator, daemon and DataLoader; kernel {kernel}")
+          f"{cores} cores shared by emulator, daemon and DataLoader; kernel {kernel}"
+          + (f"; every batch trains {train} ({train_device()})" if train else ""))
     print(f"{'row':<28} {'latency':>8} {'workers':>7} {'samples/s':>10} {'MB/s':>8} "
           f"{'1st batch s':>11} {'after 1st/s':>11} {'idle %':>6} {'svc cpu ms':>10} {'busy cpu ms':>11}")
     for (name, lat, w), r in rows.items():
-        lat_s = "-" if name.startswith(("local", "fuse")) else f"{lat / 1000:g} ms"
+        lat_s = "-" if name.startswith(("local", "fuse", "train")) else f"{lat / 1000:g} ms"
         w_s = "1 proc" if name == "raw rust" else str(w)
         svc = r["service_cpu_ms_per_sample"]
         svc_s = "-" if svc is None else f"{svc:.2f}"
@@ -695,6 +806,10 @@ def report(results, extra, sample, sample_bytes, runs, budget_mb, binary):
          ratio(sps("fuse passthrough cold", 0, 4), sps("local cold", 0, 4))),
         ("rapidfs 4w 0 ms / fuse passthrough cold 4w",
          ratio(sps("rapidfs", 0, 4), sps("fuse passthrough cold", 0, 4))),
+        ("rapidfs 4w 0 ms / train, no reading",
+         ratio(sps("rapidfs", 0, 4), sps("train, no reading", 0, 0))),
+        ("local cold 4w / train, no reading",
+         ratio(sps("local cold", 0, 4), sps("train, no reading", 0, 0))),
     ]
     for what, val in others:
         shown = "not available" if val is None else f"{val:.2f}"
@@ -726,6 +841,7 @@ def report(results, extra, sample, sample_bytes, runs, budget_mb, binary):
         "loadavg": os.getloadavg(),
         "binary": binary,
         "config": {"files": FILES, "classes": CLASSES, "batch": BATCH, "sample": sample,
+                   "train": train, "image": IMAGE if train else None,
                    "sample_bytes": sample_bytes, "runs": runs, "budget_4x_mb": budget_mb},
         "rows": [{"row": k[0], "latency_us": k[1], "workers": k[2], **v, "passes": results[k]}
                  for k, v in rows.items()],
