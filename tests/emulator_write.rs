@@ -131,6 +131,37 @@ async fn appendable_life_cycle_with_takeover_and_finalize() {
 }
 
 #[tokio::test]
+async fn a_resend_overlapping_stored_bytes_keeps_only_the_new_ones_and_their_crc() {
+    let emu = memory().await;
+    let mut c = client(&emu).await;
+    let mut w = open_write(&mut c, "b", create_msg("b", "o", None), true)
+        .await
+        .unwrap();
+    let data = pattern(300, 5);
+    w.tx.send(data_msg(0, Bytes::copy_from_slice(&data[..200])))
+        .await
+        .unwrap();
+    // A client that resends from an older offset, its chunk's CRC32C covering all it sends.
+    w.tx.send(data_msg(100, Bytes::copy_from_slice(&data[100..])))
+        .await
+        .unwrap();
+    w.tx.send(lookup_msg(300)).await.unwrap();
+    let r = next(&mut w).await.unwrap().unwrap();
+    assert_eq!(persisted_of(&r), 300);
+    assert_eq!(
+        r.persisted_data_checksums.unwrap().crc32c,
+        Some(crc32c::crc32c(&data))
+    );
+    w.tx.send(finish_msg(300, crc32c::crc32c(&data)))
+        .await
+        .unwrap();
+    // The service checks the whole object's CRC32C as it finalizes.
+    let done = next(&mut w).await.unwrap().unwrap();
+    assert_eq!(persisted_of(&done), 300);
+    assert_eq!(read_all(&mut c, "b", "o").await, data);
+}
+
+#[tokio::test]
 async fn a_fenced_writer_fails_on_its_next_message() {
     let emu = memory().await;
     let mut c = client(&emu).await;

@@ -308,8 +308,10 @@ impl ContentWriter {
     }
 
     /// Appends `data` found at `offset`; the part below what is already stored is skipped
-    /// unchecked. Memory data is persisted at once; file data when `sync` runs.
-    pub fn append(&mut self, offset: u64, data: Bytes) -> Result<(), Status> {
+    /// unchecked. `crc` is the CRC32C of `data` when the caller has checked it already, so
+    /// that no byte is summed twice. Memory data is persisted at once; file data when `sync`
+    /// runs.
+    pub fn append(&mut self, offset: u64, data: Bytes, crc: Option<u32>) -> Result<(), Status> {
         let mut st = self.content.state();
         check_writable(&st, self.token)?;
         if offset > st.written {
@@ -323,7 +325,10 @@ impl ContentWriter {
         if new.is_empty() {
             return Ok(());
         }
-        let new_crc = crate::gcs::crc32c(&new);
+        let new_crc = match crc {
+            Some(c) if skip == 0 => c,
+            _ => crate::gcs::crc32c(&new),
+        };
         match (&self.content.data, &self.file) {
             (Data::Mem(segs), _) => {
                 // A decoded chunk shares (and keeps alive) the whole receive buffer it was

@@ -352,7 +352,8 @@ impl Session {
             Target::Append { writer, .. } => {
                 writer.check()?;
                 if let Some(d) = data {
-                    writer.append(offset, d.content)?;
+                    // A CRC32C the chunk came with was checked against its bytes above.
+                    writer.append(offset, d.content, d.crc32c)?;
                 }
                 if m.finish_write {
                     writer.finalize(expected_crc)?;
