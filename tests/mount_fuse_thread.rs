@@ -115,6 +115,35 @@ fn an_idle_mount_driven_by_its_fuse_thread_still_runs_its_tasks() {
     m.unmount();
 }
 
+/// The kernel hands over the forgets it has queued in one request: the whole batch is taken
+/// in at once, also when no request follows to end a turn (an idle mount after a walk).
+#[test]
+fn a_batch_of_forgets_is_taken_in_whole_while_the_mount_idles() {
+    let env = Env::new(BUCKET);
+    let files = 2_000;
+    for i in 0..files {
+        env.put(BUCKET, &format!("many/f{i:04}"), b"x");
+    }
+    let m = env.mount_driven(BUCKET, &env.config());
+    for i in 0..files {
+        std::fs::metadata(m.p(&format!("many/f{i:04}"))).expect("stat");
+    }
+    assert!(m.fs.metadata_usage().inodes > files);
+    // The kernel lets go of every inode nobody uses, and queues a forget for each.
+    std::fs::write("/proc/sys/vm/drop_caches", "2").expect("drop_caches (the tests run as root)");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut held = m.fs.metadata_usage().inodes;
+    while held > 2 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+        held = m.fs.metadata_usage().inodes;
+    }
+    assert!(
+        held <= 2,
+        "{held} inodes still held 10 s after the kernel let go of them"
+    );
+    m.unmount();
+}
+
 #[test]
 fn an_unmount_from_outside_reaches_the_runtime_after_the_fuse_thread_is_gone() {
     let env = Env::new(BUCKET);

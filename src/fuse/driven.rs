@@ -49,6 +49,9 @@ pub(super) struct Driven {
     session_over: AtomicBool,
     /// The standby thread drives the runtime now.
     standing_in: AtomicBool,
+    /// The FUSE thread went back to the kernel without a turn (`hand_over`): the standby
+    /// drives the runtime at once rather than after `STANDBY_CHECK`.
+    handed_over: AtomicBool,
     /// Wakes the standby thread's drive, so that it gives the runtime back.
     give_back: Notify,
 }
@@ -66,6 +69,7 @@ impl Driven {
             standby_asleep: AtomicBool::new(false),
             session_over: AtomicBool::new(false),
             standing_in: AtomicBool::new(false),
+            handed_over: AtomicBool::new(false),
             give_back: Notify::new(),
         }
     }
@@ -116,6 +120,13 @@ impl Driven {
         out
     }
 
+    /// Called by the FUSE thread for a request it leaves without a turn: the standby thread
+    /// drives the runtime from now until the FUSE thread next comes into it.
+    pub(super) fn hand_over(&self) {
+        self.handed_over.store(true, Ordering::SeqCst);
+        self.wake_standby();
+    }
+
     fn wake_standby(&self) {
         if let Some(standby) = self.standby.get() {
             standby.unpark();
@@ -123,13 +134,19 @@ impl Driven {
     }
 
     /// The standby thread's loop, until `stop_standing_by`: drives the runtime whenever the
-    /// FUSE thread has been away from it for a whole `STANDBY_CHECK` without a turn, and
-    /// for good once the session has ended; sleeps while the FUSE thread waits inside it.
+    /// FUSE thread has been away from it for a whole `STANDBY_CHECK` without a turn, at once
+    /// when it was handed over, and for good once the session has ended; sleeps while the
+    /// FUSE thread waits inside it.
     pub(super) fn stand_by(&self) {
         let _ = self.standby.set(std::thread::current());
         let mut seen = self.turns.load(Ordering::Relaxed);
         while self.standing_by.load(Ordering::Acquire) {
-            std::thread::park_timeout(STANDBY_CHECK);
+            // Asked before sleeping too: the wake-up of a hand-over may have been spent on
+            // the sleep below that waits out the FUSE thread's stay inside.
+            let handed_over = self.handed_over.swap(false, Ordering::SeqCst) || {
+                std::thread::park_timeout(STANDBY_CHECK);
+                self.handed_over.swap(false, Ordering::SeqCst)
+            };
             if self.session_over.load(Ordering::Acquire) {
                 self.rt.block_on(self.stand_in());
                 continue;
@@ -146,7 +163,7 @@ impl Driven {
                 continue;
             }
             let turns = self.turns.load(Ordering::Relaxed);
-            if turns != seen {
+            if turns != seen && !handed_over {
                 seen = turns;
                 continue;
             }

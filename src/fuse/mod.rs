@@ -74,7 +74,8 @@ struct FuseAdapter {
 
 /// The end of a request's turn on the FUSE thread: when dropped, and the FUSE thread drives
 /// the runtime, it runs the runtime until the next request (`Driven::until_next_request`).
-/// Every request takes one first, so that no way out of a request skips it.
+/// Every request takes one first, so that no way out of a request skips it; only a forget
+/// hands the runtime to the standby thread instead (see `forget`).
 struct Turn<'a>(Option<&'a Driven>);
 
 impl Drop for Turn<'_> {
@@ -341,11 +342,15 @@ impl Filesystem for FuseAdapter {
         );
     }
 
-    // fuser's `batch_forget` calls this for each inode of the batch, so the rest of a batch
-    // waits out the first one's turn: a forget has no reply, and the runtime runs meanwhile.
+    // No turn: fuser calls this for each inode of a batch of forgets (its `batch_forget`,
+    // whose argument type this crate cannot name), and a turn lasts until the next request,
+    // which an idle mount never sends: the rest of the batch stayed held. The standby thread
+    // drives the runtime instead, from now until the next request's turn.
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        let _turn = self.turn();
         self.fs.forget(ino.0, nlookup);
+        if let Some(driven) = &self.driven {
+            driven.hand_over();
+        }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
