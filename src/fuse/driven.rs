@@ -112,12 +112,18 @@ impl Driven {
         if self.standing_in.load(Ordering::SeqCst) {
             self.give_back.notify_waiters();
         }
-        let out = self.rt.block_on(f);
+        // Left however `f` ends: a panic that left `inside` set would have the standby wait
+        // for the FUSE thread to leave for ever, and nothing would drive the runtime again.
+        let _leaving = Leaving(self);
+        self.rt.block_on(f)
+    }
+
+    /// The FUSE thread has left the runtime: the standby may need to drive it.
+    fn left(&self) {
         self.inside.store(false, Ordering::SeqCst);
         if self.standby_asleep.swap(false, Ordering::SeqCst) {
             self.wake_standby();
         }
-        out
     }
 
     /// Called by the FUSE thread for a request it leaves without a turn: the standby thread
@@ -202,6 +208,15 @@ impl Driven {
             }
         }
         self.standing_in.store(false, Ordering::SeqCst);
+    }
+}
+
+/// Marks the FUSE thread's stay inside the runtime over when dropped (see `Driven::inside`).
+struct Leaving<'a>(&'a Driven);
+
+impl Drop for Leaving<'_> {
+    fn drop(&mut self) {
+        self.0.left();
     }
 }
 
@@ -342,6 +357,19 @@ mod tests {
         let (driven, _rx, _tx) = driven_by_pipe();
         let driven = Arc::new(driven);
         let standby = standby_of(&driven);
+        a_task_runs(&driven);
+        stop(&driven, standby);
+    }
+
+    #[test]
+    fn a_request_that_panics_inside_the_runtime_leaves_it_to_the_standby() {
+        let (driven, _rx, _tx) = driven_by_pipe();
+        let driven = Arc::new(driven);
+        let standby = standby_of(&driven);
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            driven.answer(async { panic!("a request's answer panics") });
+        }));
+        assert!(panicked.is_err());
         a_task_runs(&driven);
         stop(&driven, standby);
     }

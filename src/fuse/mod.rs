@@ -80,6 +80,11 @@ struct Turn<'a>(Option<&'a Driven>);
 
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
+        // A callback that panics ends the FUSE thread: no turn holds its unwinding up until
+        // the next request (the standby drives the runtime once the thread is gone).
+        if std::thread::panicking() {
+            return;
+        }
         if let Some(driven) = self.0 {
             driven.until_next_request();
         }
