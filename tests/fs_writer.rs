@@ -1,7 +1,9 @@
 //! The writer's state machine through `fs` alone, against the in-process emulator: a writer
 //! fenced by another stays failed, a rewrite stages then uploads a new generation, a create
 //! sent without waiting for its answer is made good by the first flush, files unlinked or
-//! renamed while open go on writing, and a handle closing late never shrinks the file.
+//! renamed while open go on writing, a handle closing late never shrinks the file, an fsync
+//! through a reading handle covers what the writer wrote, and a directory's fsync fails
+//! with a create in it that the service refused.
 
 mod fs_support;
 
@@ -386,5 +388,83 @@ fn an_open_file_unlinked_or_renamed_goes_on_writing() {
             env.client.get_object("b", "a").await.is_err(),
             "nothing left behind"
         );
+    });
+}
+
+/// fsync(2) covers the whole file, whichever handle asks: coreutils' `sync FILE` opens the
+/// file read-only, and a rewrite staged by another handle must be in the bucket when it
+/// returns.
+#[test]
+fn fsync_through_a_reading_handle_makes_what_the_file_s_writer_wrote_durable() {
+    let env = FsEnv::new("b", |_| {});
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let (e, opened) = fs
+            .create(ROOT_INO, "f", libc::O_WRONLY)
+            .await
+            .expect("create");
+        let fh = opened.fh;
+        fs.write(fh, 0, vec![1u8; 1000].into())
+            .await
+            .expect("write");
+        fs.flush(fh).await.expect("the appends persisted");
+        let reader = fs.open(e.attr.ino, false, false).await.expect("open");
+        // Not an append: staged, and in the bucket only after an fsync or the close.
+        fs.write(fh, 0, vec![2u8; 10].into())
+            .await
+            .expect("rewrite");
+        fs.fsync(e.attr.ino, reader.fh)
+            .await
+            .expect("fsync of the reading handle");
+        let meta = env.client.get_object("b", "f").await.expect("object");
+        let stored = env
+            .client
+            .read_once("b", "f", meta.generation, 0, meta.size)
+            .await
+            .expect("read");
+        let mut want = vec![1u8; 1000];
+        want[..10].copy_from_slice(&[2u8; 10]);
+        assert!(
+            stored[..] == want[..],
+            "the bucket holds {} bytes starting {:?}, not the rewrite",
+            stored.len(),
+            &stored[..stored.len().min(12)]
+        );
+        fs.release(reader.fh);
+        fs.release_write(fh).await;
+    });
+}
+
+/// fsync of a directory answers for the files created in it: a create the service refused
+/// fails it, as it fails the file's own flush.
+#[test]
+fn fsync_of_a_directory_fails_when_a_create_in_it_was_refused() {
+    let env = FsEnv::new("b", |_| {});
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        // An unfinalized appendable object, which the emulator can refuse to replace.
+        let mut other = env
+            .client
+            .create_appendable("b", "f", None)
+            .await
+            .expect("create");
+        other.append(vec![7u8; 10].into()).await.expect("append");
+        other.flush().await.expect("persisted");
+        env.emu().set_faults(Faults {
+            refuse_replace_unfinalized: true,
+            ..Faults::default()
+        });
+        // A create sent without waiting for its answer: it returns before the refusal.
+        let (_, h) = fs
+            .create(ROOT_INO, "f", libc::O_WRONLY)
+            .await
+            .expect("create");
+        assert!(
+            fs.fsyncdir(ROOT_INO).await.is_err(),
+            "the refusal reaches fsync"
+        );
+        assert!(fs.flush(h.fh).await.is_err(), "and the file's own flush");
+        fs.release_write(h.fh).await;
+        env.emu().set_faults(Faults::default());
     });
 }

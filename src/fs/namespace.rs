@@ -54,8 +54,9 @@ impl Fs {
         let key = names::file_key(&dir.key(), name);
         let held = i.sb.held(&key, Kind::File);
         if let Some(n) = &held {
-            // Its create may still be on its way: a delete could overtake it.
-            self.settle_created(n).await;
+            // Its create may still be on its way: a delete could overtake it. Only the
+            // answer matters; a create that failed left nothing to delete.
+            let _ = self.settle_created(n).await;
             // Open for writing: the handles go on with a staged copy once the object is gone.
             i.writes.stage_for_unlink(n.ino).await;
         }
@@ -144,8 +145,9 @@ impl Fs {
     /// Deletes the empty directory `dkey`: its folder and any marker object.
     async fn remove_dir(&self, dkey: &str) -> FsResult<()> {
         let i = &self.inner;
-        // A file created in it may not have reached the service yet.
-        self.settle_created_under(dkey).await;
+        // A file created in it may not have reached the service yet (one whose create
+        // failed is not there, which the listing below shows).
+        let _ = self.settle_created_under(dkey).await;
         if self.dir_has_entries(dkey).await? {
             return Err(Errno(libc::ENOTEMPTY));
         }
@@ -205,8 +207,9 @@ impl Fs {
                 }
                 let to = names::file_key(&to_dir.key(), newname);
                 if let Some(d) = &dst {
-                    // A create of the target still on its way would land after the move.
-                    self.settle_created(d).await;
+                    // A create of the target still on its way would land after the move; one
+                    // that failed left nothing there.
+                    let _ = self.settle_created(d).await;
                 }
                 self.move_file(&src, &to, flags & RENAME_NOREPLACE != 0)
                     .await?;
@@ -223,8 +226,9 @@ impl Fs {
                 if dst.is_some() {
                     self.remove_dir(&to).await?;
                 }
-                // Files created inside still on their way would land under the old name.
-                self.settle_created_under(&from).await;
+                // Files created inside still on their way would land under the old name;
+                // one whose create failed left nothing to move.
+                let _ = self.settle_created_under(&from).await;
                 let i = &self.inner;
                 i.client
                     .rename_folder(&i.bucket, &from, &to)

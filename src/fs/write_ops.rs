@@ -133,30 +133,36 @@ impl Fs {
 
     /// Waits for the service to answer the create of `inode`, if it has not yet (see
     /// `create`): what follows must find the object there. A create that failed leaves
-    /// nothing to find, which the caller learns from the service.
-    pub(super) async fn settle_created(&self, inode: &Inode) {
+    /// nothing to find: its errno, which a caller that only needs the service to have
+    /// answered may ignore.
+    pub(super) async fn settle_created(&self, inode: &Inode) -> FsResult<()> {
         if inode
             .meta()
             .0
             .is_some_and(|m| m.generation == PENDING_GENERATION)
         {
-            let _ = self.inner.writes.settle(inode.ino).await;
+            return self.inner.writes.settle(inode.ino).await;
         }
+        Ok(())
     }
 
-    /// `settle_created` for every file created in directory `dkey` or below it.
-    pub(super) async fn settle_created_under(&self, dkey: &str) {
+    /// `settle_created` for every file created in directory `dkey` or below it; the first
+    /// errno of a create that failed.
+    pub(super) async fn settle_created_under(&self, dkey: &str) -> FsResult<()> {
+        let mut first = Ok(());
         for inode in self.inner.sb.pending_under(dkey) {
-            self.settle_created(&inode).await;
+            let settled = self.settle_created(&inode).await;
+            first = first.and(settled);
         }
+        first
     }
 
     /// `fsync` of directory `ino`: the files created in it are in the service when it returns
-    /// (their bytes are each file's own fsync's business).
+    /// Ok (their bytes are each file's own fsync's business), and a create that failed fails
+    /// it.
     pub async fn fsyncdir(&self, ino: u64) -> FsResult<()> {
         let dir = self.dir_inode(ino)?;
-        self.settle_created_under(&dir.key()).await;
-        Ok(())
+        self.settle_created_under(&dir.key()).await
     }
 
     /// Writes `data` at `offset` of handle `fh`: appends stream, anything else is staged.
@@ -208,11 +214,21 @@ impl Fs {
         self.inner.writes.persist_all_appends().await;
     }
 
-    /// `close(2)` and `fsync(2)`: returns once the service persisted every byte written.
+    /// `close(2)`: returns once the service persisted every byte written through `fh`.
     pub async fn flush(&self, fh: u64) -> FsResult<()> {
         match self.inner.handles.writer(fh) {
             Some(fw) => self.inner.writes.flush(&fw).await,
             None => Ok(()),
+        }
+    }
+
+    /// `fsync(2)` of handle `fh` on file `ino`: returns once the service persisted every byte
+    /// written to the file, through any handle. A handle that only reads still covers what
+    /// the file's writers wrote (coreutils' `sync FILE` opens the file read-only).
+    pub async fn fsync(&self, ino: u64, fh: u64) -> FsResult<()> {
+        match self.inner.handles.writer(fh) {
+            Some(fw) => self.inner.writes.flush(&fw).await,
+            None => self.inner.writes.settle(ino).await,
         }
     }
 

@@ -278,15 +278,16 @@ impl FuseAdapter {
             .ok());
     }
 
-    /// `flush` (each `close(2)`) and `fsync`: answered once every written byte is persisted.
-    fn sync(&self, op: &'static str, fh: FileHandle, reply: ReplyEmpty) {
+    /// `flush` (each `close(2)`): answered once every byte written through `fh` is
+    /// persisted.
+    fn flush_handle(&self, fh: FileHandle, reply: ReplyEmpty) {
         // A reading handle has nothing to persist: answered here, without waking a runtime
         // worker, since every close of every file read sends a flush.
         if !self.fs.is_writer(fh.0) {
-            counted(op, Instant::now());
+            counted("flush", Instant::now());
             return reply.ok();
         }
-        answer!(self, op, reply, |fs| fs.flush(fh.0), |()| reply.ok());
+        answer!(self, "flush", reply, |fs| fs.flush(fh.0), |()| reply.ok());
     }
 }
 
@@ -623,7 +624,7 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEmpty,
     ) {
         let _turn = self.turn();
-        self.sync("flush", fh, reply);
+        self.flush_handle(fh, reply);
     }
 
     fn release(
@@ -654,13 +655,14 @@ impl Filesystem for FuseAdapter {
     fn fsync(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
         let _turn = self.turn();
-        self.sync("fsync", fh, reply);
+        answer!(self, "fsync", reply, |fs| fs.fsync(ino.0, fh.0), |()| reply
+            .ok());
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
