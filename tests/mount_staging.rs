@@ -2,7 +2,8 @@
 //! are uploaded as a new generation on fsync/close. Each case does the same operations on a
 //! local file and on the mount and compares the bytes (the bucket's, over the wire); the old
 //! object survives a full staging area and a server that refuses to replace unfinalized
-//! objects; Python's zipfile and torch.save produce the same bytes as on a local directory.
+//! objects; Python's zipfile and torch.save produce the same bytes as on a local directory;
+//! an fsync through a read-only descriptor uploads what another one staged.
 
 mod mount_support;
 mod write_support;
@@ -52,6 +53,31 @@ fn a_streamed_100_mib_file_patched_at_offset_0_equals_the_local_file() {
     let o = meta(&env.rt, &c, BUCKET, "big.bin");
     assert!(o.finalized, "a staged upload is a finished object");
     assert_eq!(o.crc32c, Some(crc32c::crc32c(&want)));
+}
+
+/// fsync(2) through a descriptor opened only to read (what `sync FILE` does) uploads the
+/// rewrite another descriptor staged: the whole file is durable when it returns.
+#[test]
+fn fsync_of_a_read_only_descriptor_uploads_what_another_one_staged() {
+    let env = Env::new(BUCKET);
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let m = env.mount(BUCKET, &config(&env, tmp.path(), 64));
+    let c = client(&env.rt, &env.emu().endpoint());
+    let mut w = File::create(m.p("f.bin")).expect("create");
+    w.write_all(&data(3, 100_000)).expect("write");
+    w.sync_all().expect("fsync");
+    let r = File::open(m.p("f.bin")).expect("open to read");
+    let patch = data(4, 1000);
+    w.write_at(&patch, 0).expect("pwrite at offset 0: staged");
+    r.sync_all().expect("fsync of the read-only descriptor");
+    let mut want = data(3, 100_000);
+    want[..1000].copy_from_slice(&patch);
+    assert!(
+        bytes(&env.rt, &c, BUCKET, "f.bin") == want,
+        "the bucket holds the rewrite once fsync returned"
+    );
+    drop(r);
+    drop(w);
 }
 
 /// Runs `edit` on a local copy and on the mount's copy of a file that starts as `initial`
