@@ -129,10 +129,17 @@ impl Writes {
     }
 
     /// One more handle writes `inode`: it joins the inode's writer if it has one, else
-    /// starts one from `start` (a fresh stream, or the generation to take over later).
-    fn attach(&self, inode: &Inode, start: impl FnOnce() -> (State, u64)) -> Arc<FileWriter> {
+    /// starts one from `start` (a fresh stream, or the generation to take over later). True
+    /// when it started one.
+    fn attach(
+        &self,
+        inode: &Inode,
+        start: impl FnOnce() -> (State, u64),
+    ) -> (Arc<FileWriter>, bool) {
         let mut by_ino = lock(&self.by_ino);
+        let mut started = false;
         let entry = by_ino.entry(inode.ino).or_insert_with(|| {
+            started = true;
             let (state, size) = start();
             let fw = Arc::new(FileWriter {
                 inode: inode.clone(),
@@ -143,13 +150,13 @@ impl Writes {
             (fw, 0)
         });
         entry.1 += 1;
-        entry.0.clone()
+        (entry.0.clone(), started)
     }
 
     /// A handle writes the object just created as `inode` through `w`.
     pub fn attach_created(&self, inode: &Inode, w: AppendWriter) -> Arc<FileWriter> {
         let held = self.held(0);
-        self.attach(inode, move || {
+        let (fw, _) = self.attach(inode, move || {
             (
                 State::Open {
                     w: Box::new(w),
@@ -157,12 +164,19 @@ impl Writes {
                 },
                 0,
             )
-        })
+        });
+        fw
     }
 
     /// A handle may write the existing object `inode` (generation `generation`, `size`
-    /// bytes); the takeover waits for its first write.
-    pub fn attach_existing(&self, inode: &Inode, generation: i64, size: u64) -> Arc<FileWriter> {
+    /// bytes); the takeover waits for its first write. True when no other handle was
+    /// writing it, so the writer is this handle's alone.
+    pub fn attach_existing(
+        &self,
+        inode: &Inode,
+        generation: i64,
+        size: u64,
+    ) -> (Arc<FileWriter>, bool) {
         self.attach(inode, || (State::Idle { generation }, size))
     }
 

@@ -117,7 +117,8 @@ impl Fs {
         let fw = self
             .inner
             .writes
-            .attach_existing(&inode, meta.generation, meta.size);
+            .attach_existing(&inode, meta.generation, meta.size)
+            .0;
         self.inner.handles.set_writer(opened.fh, fw.clone());
         if truncate {
             if let Err(e) = self.inner.writes.set_size(&fw, 0).await {
@@ -293,13 +294,14 @@ impl Fs {
         // truncate(2) by path, or through a handle that does not write. When the file has a
         // writer, the size change joins it and is uploaded with its writes (at their fsync or
         // close: uploading now would publish a half-written file); else a writer of our own
-        // uploads at once.
-        let had_writer = writes.is_writing(ino);
+        // uploads at once. Which of the two is known where the writer is joined or started:
+        // asked before, the last writing handle could close in between, leaving the change
+        // to an upload whose failure nobody hears.
         let meta = self.inner.sb.fresh_meta(&inode).await?;
-        let fw = writes.attach_existing(&inode, meta.generation, meta.size);
+        let (fw, ours) = writes.attach_existing(&inode, meta.generation, meta.size);
         let resized = async {
             writes.set_size(&fw, size).await?;
-            if !had_writer {
+            if ours {
                 writes.flush(&fw).await?;
             }
             Ok(())
