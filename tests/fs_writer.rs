@@ -9,22 +9,27 @@ mod fs_support;
 
 use fs_support::FsEnv;
 use rapidfs::emulator::Faults;
-use rapidfs::fs::{Errno, ROOT_INO};
+use rapidfs::fs::{Errno, Fs, ROOT_INO};
+
+/// Creates `name` in the root with 1,000 bytes of 1 made durable: its inode and handle.
+async fn created_with_a_thousand_bytes(fs: &Fs, name: &str) -> (u64, u64) {
+    let (e, opened) = fs
+        .create(ROOT_INO, name, libc::O_WRONLY)
+        .await
+        .expect("create");
+    fs.write(opened.fh, 0, vec![1u8; 1000].into())
+        .await
+        .expect("write");
+    fs.flush(opened.fh).await.expect("fsync");
+    (e.attr.ino, opened.fh)
+}
 
 #[test]
 fn a_writer_fenced_by_another_fails_and_stays_failed() {
     let env = FsEnv::new("b", |_| {});
     let fs = &env.fs;
     env.rt.block_on(async {
-        let (_, opened) = fs
-            .create(ROOT_INO, "f", libc::O_WRONLY)
-            .await
-            .expect("create");
-        let fh = opened.fh;
-        fs.write(fh, 0, vec![1u8; 1000].into())
-            .await
-            .expect("write");
-        fs.flush(fh).await.expect("fsync");
+        let (_, fh) = created_with_a_thousand_bytes(fs, "f").await;
         let generation = env
             .client
             .get_object("b", "f")
@@ -399,21 +404,13 @@ fn fsync_through_a_reading_handle_makes_what_the_file_s_writer_wrote_durable() {
     let env = FsEnv::new("b", |_| {});
     let fs = &env.fs;
     env.rt.block_on(async {
-        let (e, opened) = fs
-            .create(ROOT_INO, "f", libc::O_WRONLY)
-            .await
-            .expect("create");
-        let fh = opened.fh;
-        fs.write(fh, 0, vec![1u8; 1000].into())
-            .await
-            .expect("write");
-        fs.flush(fh).await.expect("the appends persisted");
-        let reader = fs.open(e.attr.ino, false, false).await.expect("open");
+        let (ino, fh) = created_with_a_thousand_bytes(fs, "f").await;
+        let reader = fs.open(ino, false, false).await.expect("open");
         // Not an append: staged, and in the bucket only after an fsync or the close.
         fs.write(fh, 0, vec![2u8; 10].into())
             .await
             .expect("rewrite");
-        fs.fsync(e.attr.ino, reader.fh)
+        fs.fsync(ino, reader.fh)
             .await
             .expect("fsync of the reading handle");
         let meta = env.client.get_object("b", "f").await.expect("object");
