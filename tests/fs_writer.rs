@@ -465,3 +465,62 @@ fn fsync_of_a_directory_fails_when_a_create_in_it_was_refused() {
         env.emu().set_faults(Faults::default());
     });
 }
+
+/// Writes that keep coming through an open handle while its file is renamed each land
+/// before or after the move: none is lost, and the writer goes on under the new name.
+#[test]
+fn writes_racing_a_rename_of_their_file_all_land_under_the_new_name() {
+    let env = FsEnv::new("b", |_| {});
+    let fs = env.fs.clone();
+    let pieces = 40u64;
+    env.rt.block_on(async {
+        let (_, fh) = created_with_a_thousand_bytes(&fs, "f").await;
+        // Every call takes a millisecond more: many writes come in while the move is on
+        // its way.
+        env.emu().set_faults(Faults {
+            latency_us: 1000,
+            ..Faults::default()
+        });
+        let writer = {
+            let fs = fs.clone();
+            tokio::spawn(async move {
+                for k in 0..pieces {
+                    fs.write(fh, 1000 + k * 100, vec![k as u8; 100].into())
+                        .await?;
+                    // Writes spread over the rename's calls, a millisecond each.
+                    tokio::time::sleep(std::time::Duration::from_micros(300)).await;
+                }
+                Ok::<_, Errno>(())
+            })
+        };
+        for _ in 0..3 {
+            tokio::task::yield_now().await;
+        }
+        fs.rename(ROOT_INO, "f", ROOT_INO, "g", 0)
+            .await
+            .expect("rename");
+        writer
+            .await
+            .expect("the writer task")
+            .expect("every write succeeds");
+        fs.flush(fh).await.expect("flush under the new name");
+        fs.release_write(fh).await;
+        env.emu().set_faults(Faults::default());
+        let meta = env.client.get_object("b", "g").await.expect("g");
+        let stored = env
+            .client
+            .read_once("b", "g", meta.generation, 0, meta.size)
+            .await
+            .expect("read");
+        let mut want = vec![1u8; 1000];
+        for k in 0..pieces {
+            want.extend_from_slice(&[k as u8; 100]);
+        }
+        assert!(
+            stored[..] == want[..],
+            "g holds {} bytes, {} were written",
+            stored.len(),
+            want.len()
+        );
+    });
+}

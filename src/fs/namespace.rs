@@ -211,9 +211,17 @@ impl Fs {
                     // that failed left nothing there.
                     let _ = self.settle_created(d).await;
                 }
-                self.move_file(&src, &to, flags & RENAME_NOREPLACE != 0)
-                    .await?;
-                to
+                let renamed = || {
+                    self.inner.sb.renamed(
+                        (parent, name),
+                        (newparent, newname),
+                        (&from, &to),
+                        src.kind,
+                    )
+                };
+                return self
+                    .move_file(&src, &to, flags & RENAME_NOREPLACE != 0, renamed)
+                    .await;
             }
             Kind::Dir => {
                 if dst.as_ref().is_some_and(|d| d.kind != Kind::Dir) {
@@ -246,33 +254,43 @@ impl Fs {
         Ok(())
     }
 
-    /// Moves file `src` to key `to`: pending writes are made durable first, and the source
-    /// must still be the generation this mount knows (retried once with the live one when it
-    /// changed). The caller tells the superblock, which moves the inode along.
-    async fn move_file(&self, src: &Inode, to: &str, noreplace: bool) -> FsResult<()> {
+    /// Moves file `src` to key `to`, then `renamed` tells the superblock, which moves the
+    /// inode along: pending writes are made durable first, and none comes in until the inode
+    /// has its new key (`Writes::moving`). The source must still be the generation this
+    /// mount knows (retried once with the live one when it changed).
+    async fn move_file(
+        &self,
+        src: &Inode,
+        to: &str,
+        noreplace: bool,
+        renamed: impl FnOnce(),
+    ) -> FsResult<()> {
         let i = &self.inner;
-        i.writes.settle(src.ino).await?;
-        let from = src.key();
-        let known = src.meta().0.map(|m| m.generation);
-        let dst_pre = noreplace.then_some(0);
-        let moved = match i
-            .client
-            .move_object(&i.bucket, &from, to, known, dst_pre)
-            .await
-        {
-            Err(gcs::Error::PreconditionFailed(_)) if known.is_some() && !noreplace => {
-                i.client
-                    .move_object(&i.bucket, &from, to, None, dst_pre)
+        i.writes
+            .moving(src.ino, || async {
+                let from = src.key();
+                let known = src.meta().0.map(|m| m.generation);
+                let dst_pre = noreplace.then_some(0);
+                let moved = match i
+                    .client
+                    .move_object(&i.bucket, &from, to, known, dst_pre)
                     .await
-            }
-            r => r,
-        };
-        let meta = moved.map_err(|e| match e {
-            gcs::Error::PreconditionFailed(_) if noreplace => Errno(libc::EEXIST),
-            e => log_err("rename", &from, &e),
-        })?;
-        src.replace(super::inode::ObjMeta::from(&meta));
-        i.writes.moved(src.ino, meta.generation).await;
-        Ok(())
+                {
+                    Err(gcs::Error::PreconditionFailed(_)) if known.is_some() && !noreplace => {
+                        i.client
+                            .move_object(&i.bucket, &from, to, None, dst_pre)
+                            .await
+                    }
+                    r => r,
+                };
+                let meta = moved.map_err(|e| match e {
+                    gcs::Error::PreconditionFailed(_) if noreplace => Errno(libc::EEXIST),
+                    e => log_err("rename", &from, &e),
+                })?;
+                src.replace(super::inode::ObjMeta::from(&meta));
+                renamed();
+                Ok(meta.generation)
+            })
+            .await
     }
 }

@@ -231,22 +231,30 @@ impl Writes {
         }
     }
 
-    /// The object of `ino`'s writer was moved (rename while open) and is now `generation`
-    /// under the inode's new key: later writes continue on the moved object. Bytes streamed
-    /// but not yet persisted when the object moved cannot follow it: the writer fails (EIO),
-    /// as every writer of a moved object did before.
-    pub async fn moved(&self, ino: u64, generation: i64) {
+    /// Moves the object of `ino` (rename while open) with `mv`, which returns the moved
+    /// object's generation and gives the inode its new key. The inode's writer, if it has
+    /// one, is made durable first and held still until then: a write, flush or release that
+    /// came in between would go to the old object or look for it under the old key (and
+    /// fail the writer). Later writes continue on the moved object.
+    pub async fn moving<Fut>(&self, ino: u64, mv: impl FnOnce() -> Fut) -> FsResult<()>
+    where
+        Fut: std::future::Future<Output = FsResult<i64>>,
+    {
         let Some(fw) = self.writer_of(ino) else {
-            return;
+            return mv().await.map(|_| ());
         };
         let mut st = fw.state.lock().await;
+        self.flush_held(&fw, &mut st).await?;
+        let generation = mv().await?;
         match &mut *st {
+            // Durable above, and held since: nothing can have been streamed after.
             State::Open { w, .. } if w.persisted() < w.written() => *st = State::Failed(Errno::EIO),
             State::Open { .. } => *st = State::Idle { generation },
             State::Idle { generation: g } => *g = generation,
             State::Staged(s) => s.base = generation,
             State::Failed(_) | State::Done => {}
         }
+        Ok(())
     }
 
     /// The writer of `ino`, while it has one.
@@ -528,7 +536,12 @@ impl Writes {
     /// Returns once every byte written through `fw` is persisted (fsync and close).
     pub async fn flush(&self, fw: &FileWriter) -> FsResult<()> {
         let mut st = fw.state.lock().await;
-        match &mut *st {
+        self.flush_held(fw, &mut st).await
+    }
+
+    /// `flush` of `fw`, whose state `st` the caller holds.
+    async fn flush_held(&self, fw: &FileWriter, st: &mut State) -> FsResult<()> {
+        match st {
             State::Staged(s) if s.dirty => {
                 if let Err(e) = self.upload(fw, s).await {
                     *st = State::Failed(e);
@@ -537,7 +550,7 @@ impl Writes {
                 Ok(())
             }
             State::Staged(_) => Ok(()),
-            State::Open { .. } => persist_stream(fw, &mut st).await,
+            State::Open { .. } => persist_stream(fw, st).await,
             State::Failed(e) => Err(*e),
             State::Idle { .. } | State::Done => Ok(()),
         }
