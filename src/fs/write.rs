@@ -247,8 +247,7 @@ impl Writes {
         self.flush_held(&fw, &mut st).await?;
         let generation = mv().await?;
         match &mut *st {
-            // Durable above, and held since: nothing can have been streamed after.
-            State::Open { w, .. } if w.persisted() < w.written() => *st = State::Failed(Errno::EIO),
+            // Made durable above and held since: the moved object has every byte streamed.
             State::Open { .. } => *st = State::Idle { generation },
             State::Idle { generation: g } => *g = generation,
             State::Staged(s) => s.base = generation,

@@ -277,18 +277,6 @@ impl FuseAdapter {
         answer!(self, op, reply, |fs| call(fs, parent.0, name), |()| reply
             .ok());
     }
-
-    /// `flush` (each `close(2)`): answered once every byte written through `fh` is
-    /// persisted.
-    fn flush_handle(&self, fh: FileHandle, reply: ReplyEmpty) {
-        // A reading handle has nothing to persist: answered here, without waking a runtime
-        // worker, since every close of every file read sends a flush.
-        if !self.fs.is_writer(fh.0) {
-            counted("flush", Instant::now());
-            return reply.ok();
-        }
-        answer!(self, "flush", reply, |fs| fs.flush(fh.0), |()| reply.ok());
-    }
 }
 
 impl Filesystem for FuseAdapter {
@@ -624,7 +612,14 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEmpty,
     ) {
         let _turn = self.turn();
-        self.flush_handle(fh, reply);
+        // Each close(2) is answered once every byte written through `fh` is persisted. A
+        // reading handle has nothing to persist: answered here, without waking a runtime
+        // worker, since every close of every file read sends a flush.
+        if !self.fs.is_writer(fh.0) {
+            counted("flush", Instant::now());
+            return reply.ok();
+        }
+        answer!(self, "flush", reply, |fs| fs.flush(fh.0), |()| reply.ok());
     }
 
     fn release(
