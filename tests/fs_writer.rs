@@ -1,5 +1,6 @@
 //! The writer's state machine through `fs` alone, against the in-process emulator: a writer
-//! fenced by another stays failed, a rewrite stages then uploads a new generation, a create
+//! fenced by another stays failed, the close of a file's only writing handle ends its
+//! stream, a rewrite stages then uploads a new generation, a create
 //! sent without waiting for its answer is made good by the first flush, files unlinked or
 //! renamed while open go on writing, a handle closing late never shrinks the file, an fsync
 //! through a reading handle covers what the writer wrote, and a directory's fsync fails
@@ -11,7 +12,8 @@ use fs_support::FsEnv;
 use rapidfs::emulator::Faults;
 use rapidfs::fs::{Errno, Fs, ROOT_INO};
 
-/// Creates `name` in the root with 1,000 bytes of 1 made durable: its inode and handle.
+/// Creates `name` in the root with 1,000 bytes of 1 made durable by fsync, its handle still
+/// streaming: its inode and handle.
 async fn created_with_a_thousand_bytes(fs: &Fs, name: &str) -> (u64, u64) {
     let (e, opened) = fs
         .create(ROOT_INO, name, libc::O_WRONLY)
@@ -20,7 +22,7 @@ async fn created_with_a_thousand_bytes(fs: &Fs, name: &str) -> (u64, u64) {
     fs.write(opened.fh, 0, vec![1u8; 1000].into())
         .await
         .expect("write");
-    fs.flush(opened.fh).await.expect("fsync");
+    fs.fsync(e.attr.ino, opened.fh).await.expect("fsync");
     (e.attr.ino, opened.fh)
 }
 
@@ -170,11 +172,15 @@ fn a_handle_closing_late_does_not_shrink_what_a_later_one_appended() {
             fs.flush(created.fh).await.expect("close flushes");
             fs.release_write(created.fh).await;
 
+            // A second writing handle keeps the stream open past the first one's close(2):
+            // the release of the last handle ends it.
             let first = fs.open_write(ino, false).await.expect("open");
+            let also = fs.open_write(ino, false).await.expect("open");
             fs.write(first.fh, 4, b"two\n".to_vec().into())
                 .await
                 .expect("append");
             fs.flush(first.fh).await.expect("close flushes");
+            fs.release_write(also.fh).await;
             let mut closing = Box::pin(fs.release_write(first.fh));
             if futures::poll!(closing.as_mut()).is_ready() {
                 continue;
@@ -194,6 +200,50 @@ fn a_handle_closing_late_does_not_shrink_what_a_later_one_appended() {
             return;
         }
         panic!("the first stream's close never waited for the service");
+    });
+}
+
+/// The close(2) of a file's only writing handle ends its stream, so the release that
+/// follows has nothing left to wait for; a descriptor still open on that handle (a dup) that
+/// writes on takes the object over, and every byte lands.
+#[test]
+fn the_close_of_the_only_writing_handle_ends_its_stream_and_a_dup_writes_on() {
+    let env = FsEnv::new("b", |_| {});
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let (entry, h) = fs
+            .create(ROOT_INO, "f", libc::O_WRONLY)
+            .await
+            .expect("create");
+        fs.write(h.fh, 0, vec![1u8; 1000].into())
+            .await
+            .expect("write");
+        fs.flush(h.fh).await.expect("close flushes");
+        let meta = env.client.get_object("b", "f").await.expect("object");
+        assert_eq!(meta.size, 1000, "close returned before the bytes were in");
+        // The dup writes on after the first descriptor's close.
+        fs.write(h.fh, 1000, vec![2u8; 100].into())
+            .await
+            .expect("a write after the close");
+        fs.flush(h.fh).await.expect("the dup's close flushes");
+        assert!(
+            futures::poll!(Box::pin(fs.release_write(h.fh))).is_ready(),
+            "the release waited for the service: the close left the stream open"
+        );
+        let meta = env.client.get_object("b", "f").await.expect("object");
+        let stored = env
+            .client
+            .read_once("b", "f", meta.generation, 0, meta.size)
+            .await
+            .expect("read");
+        let mut want = vec![1u8; 1000];
+        want.extend_from_slice(&[2u8; 100]);
+        assert!(
+            stored[..] == want[..],
+            "the bucket holds {} bytes",
+            stored.len()
+        );
+        assert_eq!(fs.getattr(entry.attr.ino).await.expect("stat").size, 1100);
     });
 }
 

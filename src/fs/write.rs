@@ -13,8 +13,9 @@
 //! write share of the one memory budget (a semaphore in KiB): a write that does not fit first
 //! makes its own bytes durable, then waits, and every so often makes idle writers' bytes
 //! durable so they cannot hold the budget forever. A failed writer stays failed: every later
-//! write, flush or fsync on it answers the same errno. The last handle's release ends the
-//! stream (close, or finalize with `write.finalize_on_close`).
+//! write, flush or fsync on it answers the same errno. The close(2) of the only writing
+//! handle ends the stream (the writer turns `Idle`), else the last handle's release does
+//! (close, or finalize with `write.finalize_on_close`).
 //!
 //! Touches `gcs::AppendWriter`, the staging area, uploads, and the inode's size and
 //! generation; no kernel types.
@@ -532,7 +533,46 @@ impl Writes {
         }
     }
 
-    /// Returns once every byte written through `fw` is persisted (fsync and close).
+    /// `close(2)` of a descriptor writing through `fw`: returns once every byte written
+    /// through it is persisted. When `fw` has no other writing handle, its stream ends here
+    /// (the last flush and the half-close leave together), which spares the release that
+    /// follows a round trip of its own. A descriptor still open on the same handle (a dup, a
+    /// forked child) that writes again takes the object over, as a later open would.
+    pub async fn closing(&self, fw: &FileWriter) -> FsResult<()> {
+        let only_handle = !self.finalize_on_close
+            && lock(&self.by_ino)
+                .get(&fw.inode.ino)
+                .is_some_and(|(w, handles)| std::ptr::eq(Arc::as_ptr(w), fw) && *handles == 1);
+        let mut st = fw.state.lock().await;
+        match std::mem::replace(&mut *st, State::Done) {
+            // Nothing written yet: a shell's redirection closes the descriptor it opened
+            // before the command writes through its copy.
+            State::Open { w, held } if only_handle && w.written() > 0 => {
+                let closed = (*w).close().await;
+                drop(held);
+                match closed {
+                    Ok(meta) => {
+                        fw.inode.note_written(meta.generation, meta.size);
+                        *st = State::Idle {
+                            generation: meta.generation,
+                        };
+                        Ok(())
+                    }
+                    Err(e) => {
+                        let errno = log_err("close", &fw.inode.key(), &e);
+                        *st = State::Failed(errno);
+                        Err(errno)
+                    }
+                }
+            }
+            other => {
+                *st = other;
+                self.flush_held(fw, &mut st).await
+            }
+        }
+    }
+
+    /// Returns once every byte written through `fw` is persisted (fsync).
     pub async fn flush(&self, fw: &FileWriter) -> FsResult<()> {
         let mut st = fw.state.lock().await;
         self.flush_held(fw, &mut st).await

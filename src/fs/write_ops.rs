@@ -218,7 +218,7 @@ impl Fs {
     /// `close(2)`: returns once the service persisted every byte written through `fh`.
     pub async fn flush(&self, fh: u64) -> FsResult<()> {
         match self.inner.handles.writer(fh) {
-            Some(fw) => self.inner.writes.flush(&fw).await,
+            Some(fw) => self.inner.writes.closing(&fw).await,
             None => Ok(()),
         }
     }

@@ -234,27 +234,52 @@ impl AppendWriter {
         Ok(self.persisted)
     }
 
-    /// Flushes, half-closes without finalizing; the object stays appendable.
+    /// Makes every appended byte durable and half-closes without finalizing; the object stays
+    /// appendable. The last flush and the half-close leave together, so that a close costs one
+    /// round trip, not one for the flush and another for the close.
     pub async fn close(mut self) -> Result<ObjectMeta> {
-        self.flush().await?;
-        if let Some(mut conn) = self.conn.take() {
-            drop(conn.tx);
-            // Everything is persisted already; the closing answer only refreshes metadata.
-            let timeout = Duration::from_millis(self.client.config().call_timeout_ms);
-            let drain = async {
-                while let Ok(Some(resp)) = conn.rx.message().await {
-                    if let Some(WriteStatus::Resource(o)) = resp.write_status {
-                        self.resource = o;
-                    }
-                }
-            };
-            let _ = tokio::time::timeout(timeout, drain).await;
+        self.check_dead()?;
+        while let Err(f) = self.try_close().await {
+            self.recover(f).await?;
         }
         let mut meta = ObjectMeta::from(&self.resource);
         meta.generation = self.generation;
         meta.size = self.persisted;
         meta.finalized = false;
         Ok(meta)
+    }
+
+    /// Sends what is left with flush + state_lookup, half-closes, and takes in the answers
+    /// until the stream ends; fails unless they covered every byte (and the create).
+    async fn try_close(&mut self) -> Attempt<()> {
+        self.try_pump().await?;
+        self.send_lookup().await?;
+        let Some(Conn { tx, mut rx }) = self.conn.take() else {
+            return Err(Status::unavailable("no write stream").into());
+        };
+        drop(tx);
+        let stall = Duration::from_millis(self.client.config().stall_timeout_ms.max(1));
+        let ended = loop {
+            match tokio::time::timeout(stall, rx.message()).await {
+                Ok(Ok(Some(resp))) => self.on_response(resp)?,
+                Ok(Ok(None)) => break Ok(()),
+                Ok(Err(s)) => break Err(s),
+                Err(_) => {
+                    break Err(Status::deadline_exceeded(format!(
+                        "no answer for {stall:?}"
+                    )))
+                }
+            }
+        };
+        let all_persisted = self.answered && self.persisted >= self.written;
+        match ended {
+            // The closing answer only refreshes metadata once every byte is persisted.
+            _ if all_persisted => Ok(()),
+            Ok(()) => {
+                Err(Status::unavailable("write stream ended before persisting every byte").into())
+            }
+            Err(s) => Err(s.into()),
+        }
     }
 
     /// Flushes and finalizes (finish_write, whole-object CRC32C checked).
