@@ -192,6 +192,42 @@ fn reopening_with_o_append_continues_the_object() {
     assert_eq!(got.size, 14);
 }
 
+/// The close(2) of a file's only descriptor ends its write stream; a dup still open writes
+/// on (it takes the object over), in the order the bytes were written. A shell's redirection
+/// closes the descriptor it opened before the command writes through its copy.
+#[test]
+fn a_dup_writes_on_after_the_first_descriptor_closes() {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let env = Env::new(BUCKET);
+    let m = env.mount(BUCKET, &env.config());
+    let c = client(&env.rt, &env.emu().endpoint());
+    let mut f = std::fs::File::create(m.p("dup.log")).expect("create");
+    // SAFETY: a fresh duplicate, owned from here on by `copy`.
+    let mut copy = unsafe { std::fs::File::from_raw_fd(libc::dup(f.as_raw_fd())) };
+    f.write_all(b"one\n").expect("write");
+    drop(f);
+    assert_eq!(
+        bytes(&env.rt, &c, BUCKET, "dup.log"),
+        b"one\n",
+        "close returned before its bytes were in"
+    );
+    copy.write_all(b"two\n").expect("write through the dup");
+    drop(copy);
+    let status = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("echo three >> dup.log && echo new > fresh.log")
+        .current_dir(m.p(""))
+        .status()
+        .expect("sh");
+    assert!(status.success());
+    assert_eq!(bytes(&env.rt, &c, BUCKET, "dup.log"), b"one\ntwo\nthree\n");
+    assert_eq!(bytes(&env.rt, &c, BUCKET, "fresh.log"), b"new\n");
+    assert_eq!(
+        std::fs::read(m.p("dup.log")).expect("read"),
+        b"one\ntwo\nthree\n"
+    );
+}
+
 #[test]
 fn finalize_on_close_leaves_finalized_objects() {
     let env = Env::new(BUCKET);
