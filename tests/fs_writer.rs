@@ -1,6 +1,6 @@
 //! The writer's state machine through `fs` alone, against the in-process emulator: a writer
 //! fenced by another stays failed, the close of a file's only writing handle ends its
-//! stream, a rewrite stages then uploads a new generation, a create
+//! stream (and a dup writing on after it is fenced like the stream), a rewrite stages then uploads a new generation, a create
 //! sent without waiting for its answer is made good by the first flush, files unlinked or
 //! renamed while open go on writing, a handle closing late never shrinks the file, an fsync
 //! through a reading handle covers what the writer wrote, and a directory's fsync fails
@@ -244,6 +244,43 @@ fn the_close_of_the_only_writing_handle_ends_its_stream_and_a_dup_writes_on() {
             stored.len()
         );
         assert_eq!(fs.getattr(entry.attr.ino).await.expect("stat").size, 1100);
+    });
+}
+
+/// A descriptor still open on a handle whose stream a close(2) ended is fenced like the
+/// stream would have been: once another writer has appended, its next write is EIO and
+/// the other writer's bytes stay.
+#[test]
+fn a_dup_after_the_close_is_fenced_by_a_writer_that_took_over() {
+    let env = FsEnv::new("b", |_| {});
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let (_, h) = fs
+            .create(ROOT_INO, "f", libc::O_WRONLY)
+            .await
+            .expect("create");
+        fs.write(h.fh, 0, vec![1u8; 1000].into())
+            .await
+            .expect("write");
+        fs.flush(h.fh).await.expect("close ends the stream");
+        let generation = env.client.get_object("b", "f").await.expect("f").generation;
+        let mut other = env
+            .client
+            .open_appendable("b", "f", generation)
+            .await
+            .expect("another writer takes the object over");
+        other.append(vec![2u8; 10].into()).await.expect("append");
+        other.flush().await.expect("persisted");
+        assert_eq!(
+            fs.write(h.fh, 1000, vec![3u8; 100].into()).await,
+            Err(Errno::EIO)
+        );
+        fs.release_write(h.fh).await;
+        let meta = env.client.get_object("b", "f").await.expect("f");
+        assert_eq!(
+            meta.size, 1010,
+            "the other writer's bytes, none of ours after"
+        );
     });
 }
 

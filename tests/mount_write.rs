@@ -228,6 +228,36 @@ fn a_dup_writes_on_after_the_first_descriptor_closes() {
     );
 }
 
+/// A forked child's exit closes its copies of the parent's descriptors, and the kernel
+/// sends a flush for each: the parent's stream must go on (no takeover for its next write),
+/// and every byte land.
+#[test]
+fn a_child_exiting_leaves_its_parent_s_stream_open() {
+    let env = Env::new(BUCKET);
+    let m = env.mount(BUCKET, &env.config());
+    let c = client(&env.rt, &env.emu().endpoint());
+    env.emu().reset_stats();
+    let mut f = std::fs::File::create(m.p("parent.log")).expect("create");
+    f.write_all(b"one\n").expect("write");
+    // SAFETY: the child only calls _exit, which is async-signal-safe.
+    let child = unsafe { libc::fork() };
+    assert!(child >= 0, "fork");
+    if child == 0 {
+        unsafe { libc::_exit(0) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child just forked.
+    assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+    f.write_all(b"two\n").expect("write after the child's exit");
+    drop(f);
+    assert_eq!(bytes(&env.rt, &c, BUCKET, "parent.log"), b"one\ntwo\n");
+    let st = env.emu().stats();
+    assert_eq!(
+        st.write_streams, 1,
+        "the child's exit ended the stream: {st:?}"
+    );
+}
+
 #[test]
 fn finalize_on_close_leaves_finalized_objects() {
     let env = Env::new(BUCKET);

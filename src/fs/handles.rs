@@ -15,6 +15,8 @@ enum Open {
     File {
         read: Arc<ReadSide>,
         writer: Option<Arc<FileWriter>>,
+        /// The process (thread id) that opened it, when the kernel said.
+        opener: Option<u32>,
     },
     Dir {
         ino: u64,
@@ -49,7 +51,11 @@ impl Handles {
 
     /// Opens a file handle reading through `read`; returns its number.
     pub(super) fn add_file(&self, read: Arc<ReadSide>) -> u64 {
-        self.add(Open::File { read, writer: None })
+        self.add(Open::File {
+            read,
+            writer: None,
+            opener: None,
+        })
     }
 
     /// Opens a directory handle of `ino`; returns its number.
@@ -88,12 +94,27 @@ impl Handles {
         }
     }
 
+    /// File handle `fh` was opened by process (thread) `pid`.
+    pub(super) fn set_opener(&self, fh: u64, pid: u32) {
+        if let Some(Open::File { opener, .. }) = self.table().get_mut(&fh) {
+            *opener = Some(pid);
+        }
+    }
+
+    /// The process (thread) that opened file handle `fh`, when known.
+    pub(super) fn opener(&self, fh: u64) -> Option<u32> {
+        match self.table().get(&fh) {
+            Some(Open::File { opener, .. }) => *opener,
+            _ => None,
+        }
+    }
+
     /// Closes file handle `fh`: its read side, and its writer when it wrote.
     pub(super) fn remove_file(&self, fh: u64) -> Option<(Arc<ReadSide>, Option<Arc<FileWriter>>)> {
         let mut table = self.table();
         match table.get(&fh) {
             Some(Open::File { .. }) => match table.remove(&fh) {
-                Some(Open::File { read, writer }) => Some((read, writer)),
+                Some(Open::File { read, writer, .. }) => Some((read, writer)),
                 _ => None,
             },
             _ => None,

@@ -388,13 +388,13 @@ impl Fs {
         }
     }
 
-    /// True when handle `fh` writes (its release has a stream to end).
+    /// True when handle `fh` writes (its close and release may have a stream to end).
     pub fn is_writer(&self, fh: u64) -> bool {
         self.inner.handles.writer(fh).is_some()
     }
 
-    /// Closes reading handle `fh`; its streams stay warm a while. A writing handle has a
-    /// stream to end: it closes with `release_write`.
+    /// Closes reading handle `fh`; its streams stay warm a while. A writing handle may have
+    /// a stream to end: it closes with `release_write`.
     pub fn release(&self, fh: u64) {
         if self.is_writer(fh) {
             return;

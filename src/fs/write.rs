@@ -38,8 +38,15 @@ use tokio::sync::Semaphore;
 const IDLE_FLUSH_AFTER: Duration = Duration::from_millis(200);
 
 enum State {
-    /// An existing object of this generation, opened for writing but not written yet.
-    Idle { generation: i64 },
+    /// An existing object of this generation, not being written: opened for writing and
+    /// not written yet, or its stream ended by a close(2) while a handle stays open.
+    Idle {
+        generation: i64,
+        /// The size this writer's own stream left the object at, when a close(2) ended it:
+        /// an object that has grown since was taken over by another writer, which fences
+        /// this one as it would have fenced its stream.
+        ended: Option<u64>,
+    },
     /// Streaming into the object.
     Open { w: Box<AppendWriter>, held: Held },
     /// Editing a staged copy.
@@ -92,6 +99,18 @@ pub struct Writes {
     /// writes in flight and refuses later ones, and flushing the writers then covers every
     /// write the kernel was told succeeded.
     stopped: tokio::sync::RwLock<bool>,
+}
+
+/// EIO when another writer has appended to `meta`'s object since a close(2) ended this
+/// writer's stream at size `ended`: the stream would have been fenced, and so is the writer.
+fn not_taken_over(key: &str, ended: Option<u64>, meta: &ObjectMeta) -> FsResult<()> {
+    match ended {
+        Some(size) if size != meta.size => {
+            tracing::warn!(path = key, "taken over by another writer since its close");
+            Err(Errno::EIO)
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Flushes the stream of `fw`, whose state `st` is `Open`; a failure fails the writer.
@@ -178,7 +197,13 @@ impl Writes {
         generation: i64,
         size: u64,
     ) -> (Arc<FileWriter>, bool) {
-        self.attach(inode, || (State::Idle { generation }, size))
+        self.attach(inode, || {
+            let idle = State::Idle {
+                generation,
+                ended: None,
+            };
+            (idle, size)
+        })
     }
 
     fn held(&self, permits: u32) -> Held {
@@ -209,7 +234,7 @@ impl Writes {
         let mut st = fw.state.lock().await;
         let next = match &*st {
             State::Open { .. } => self.stage_stream(&fw, &mut st, None).await,
-            State::Idle { generation } => {
+            State::Idle { generation, .. } => {
                 let size = fw.size.load(Ordering::Acquire);
                 self.stage_object(&fw.inode.key(), *generation, size).await
             }
@@ -249,8 +274,13 @@ impl Writes {
         let generation = mv().await?;
         match &mut *st {
             // Made durable above and held since: the moved object has every byte streamed.
-            State::Open { .. } => *st = State::Idle { generation },
-            State::Idle { generation: g } => *g = generation,
+            State::Open { .. } => {
+                *st = State::Idle {
+                    generation,
+                    ended: None,
+                }
+            }
+            State::Idle { generation: g, .. } => *g = generation,
             State::Staged(s) => s.base = generation,
             State::Failed(_) | State::Done => {}
         }
@@ -309,8 +339,8 @@ impl Writes {
         let len = u32::try_from(data.len()).map_err(|_| Errno::EINVAL)?;
         let key = fw.inode.key();
         let mut st = fw.state.lock().await;
-        if let State::Idle { generation } = *st {
-            *st = match self.take_over(fw, generation, offset).await {
+        if let State::Idle { generation, ended } = *st {
+            *st = match self.take_over(fw, generation, ended, offset).await {
                 Ok(next) => next,
                 Err(e) => State::Failed(e),
             };
@@ -358,9 +388,9 @@ impl Writes {
         let key = fw.inode.key();
         let mut st = fw.state.lock().await;
         let next = match &mut *st {
-            State::Idle { generation } => {
-                let generation = *generation;
-                let meta = self.current(&key, generation).await?;
+            State::Idle { generation, ended } => {
+                let meta = self.current(&key, *generation).await?;
+                not_taken_over(&key, *ended, &meta)?;
                 if meta.size == size {
                     return Ok(());
                 }
@@ -461,11 +491,19 @@ impl Writes {
             .await
     }
 
-    /// The first write to an existing object: at the end of an unfinalized object it takes
-    /// the object over and streams; anywhere else (or on a finalized object) it stages.
-    async fn take_over(&self, fw: &FileWriter, generation: i64, offset: u64) -> FsResult<State> {
+    /// The first write to an existing object (or the first since a close(2) ended this
+    /// writer's stream, `ended`): at the end of an unfinalized object it takes the object over
+    /// and streams; anywhere else (or on a finalized object) it stages.
+    async fn take_over(
+        &self,
+        fw: &FileWriter,
+        generation: i64,
+        ended: Option<u64>,
+        offset: u64,
+    ) -> FsResult<State> {
         let key = &*fw.inode.key();
         let meta = self.current(key, generation).await?;
+        not_taken_over(key, ended, &meta)?;
         if meta.finalized || offset != meta.size {
             fw.exact.store(true, Ordering::Release);
             return Ok(self.stage_object(key, meta.generation, meta.size).await);
@@ -555,6 +593,7 @@ impl Writes {
                         fw.inode.note_written(meta.generation, meta.size);
                         *st = State::Idle {
                             generation: meta.generation,
+                            ended: Some(meta.size),
                         };
                         Ok(())
                     }
@@ -572,7 +611,8 @@ impl Writes {
         }
     }
 
-    /// Returns once every byte written through `fw` is persisted (fsync).
+    /// Returns once every byte written through `fw` is persisted; the stream stays open
+    /// (fsync, and whatever needs the bytes in the service first).
     pub async fn flush(&self, fw: &FileWriter) -> FsResult<()> {
         let mut st = fw.state.lock().await;
         self.flush_held(fw, &mut st).await
@@ -618,7 +658,8 @@ impl Writes {
     }
 
     /// A handle writing through `fw` is closed; the last writing handle of an inode ends its
-    /// stream (and finalizes the object with `write.finalize_on_close`). The inode it wrote.
+    /// stream unless a close(2) did (and finalizes the object with `write.finalize_on_close`).
+    /// The inode it wrote.
     pub async fn release(&self, fw: Arc<FileWriter>) -> Inode {
         let last = {
             let mut by_ino = lock(&self.by_ino);

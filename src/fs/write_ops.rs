@@ -36,7 +36,8 @@ impl Fs {
     }
 
     /// Creates file `name` in directory `parent` as a new appendable object and opens it for
-    /// writing (one write stream from here to the last release); counts one lookup.
+    /// writing (one write stream from here to its opener's close(2) or, with other writing
+    /// handles open, the last release); counts one lookup.
     pub async fn create(&self, parent: u64, name: &str, flags: i32) -> FsResult<(Entry, Opened)> {
         self.writable()?;
         let dir = self.dir_inode(parent)?;
@@ -215,7 +216,20 @@ impl Fs {
         self.inner.writes.persist_all_appends().await;
     }
 
-    /// `close(2)`: returns once the service persisted every byte written through `fh`.
+    /// Notes that process (thread) `pid` opened file handle `fh`: see `opened_by`.
+    pub fn note_opener(&self, fh: u64, pid: u32) {
+        self.inner.handles.set_opener(fh, pid);
+    }
+
+    /// Whether process (thread) `pid` opened file handle `fh`. A close(2) by anyone else (a
+    /// forked child exiting or calling exec closes its copies of its parent's descriptors)
+    /// is answered as an fsync: it must not end a stream its opener goes on writing.
+    pub fn opened_by(&self, fh: u64, pid: u32) -> bool {
+        self.inner.handles.opener(fh) == Some(pid)
+    }
+
+    /// `close(2)` by the handle's opener: returns once the service persisted every byte
+    /// written through `fh`; the close of a file's only writing handle ends its stream.
     pub async fn flush(&self, fh: u64) -> FsResult<()> {
         match self.inner.handles.writer(fh) {
             Some(fw) => self.inner.writes.closing(&fw).await,
@@ -233,7 +247,8 @@ impl Fs {
         }
     }
 
-    /// Ends handle `fh`: its read side at once, its write stream when it was the last.
+    /// Ends handle `fh`: its read side at once, its write stream when it was the last and no
+    /// close(2) ended it already.
     pub async fn release_write(&self, fh: u64) {
         let Some((read, writer)) = self.inner.handles.remove_file(fh) else {
             return;

@@ -526,7 +526,7 @@ impl Filesystem for FuseAdapter {
         reply.error(errno(refused));
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let _turn = self.turn();
         let write = flags.acc_mode() != OpenAccMode::O_RDONLY
             || flags.0 & (libc::O_TRUNC | libc::O_APPEND) != 0;
@@ -540,6 +540,7 @@ impl Filesystem for FuseAdapter {
                 return reply.opened(FileHandle(o.fh), open_flags(&o, false));
             }
         }
+        let pid = req.pid();
         answer!(
             self,
             "open",
@@ -551,7 +552,10 @@ impl Filesystem for FuseAdapter {
                     fs.open(ino.0, false, direct).await
                 }
             },
-            |o| reply.opened(FileHandle(o.fh), open_flags(&o, write))
+            |o| {
+                fs.note_opener(o.fh, pid);
+                reply.opened(FileHandle(o.fh), open_flags(&o, write))
+            }
         );
     }
 
@@ -605,8 +609,8 @@ impl Filesystem for FuseAdapter {
 
     fn flush(
         &self,
-        _req: &Request,
-        _ino: INodeNo,
+        req: &Request,
+        ino: INodeNo,
         fh: FileHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
@@ -619,7 +623,13 @@ impl Filesystem for FuseAdapter {
             counted("flush", Instant::now());
             return reply.ok();
         }
-        answer!(self, "flush", reply, |fs| fs.flush(fh.0), |()| reply.ok());
+        if self.fs.opened_by(fh.0, req.pid()) {
+            answer!(self, "flush", reply, |fs| fs.flush(fh.0), |()| reply.ok());
+        } else {
+            answer!(self, "flush", reply, |fs| fs.fsync(ino.0, fh.0), |()| {
+                reply.ok()
+            });
+        }
     }
 
     fn release(
@@ -835,7 +845,7 @@ impl Filesystem for FuseAdapter {
 
     fn create(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         _mode: u32,
@@ -847,18 +857,22 @@ impl Filesystem for FuseAdapter {
         let Some(name) = utf8(name) else {
             return reply.error(Errno::EINVAL);
         };
+        let pid = req.pid();
         answer!(
             self,
             "create",
             reply,
             |fs| fs.create(parent.0, &name, flags),
-            |(e, o)| reply.created(
-                &e.entry_ttl,
-                &file_attr(&e.attr),
-                Generation(0),
-                FileHandle(o.fh),
-                FopenFlags::empty(),
-            )
+            |(e, o)| {
+                fs.note_opener(o.fh, pid);
+                reply.created(
+                    &e.entry_ttl,
+                    &file_attr(&e.attr),
+                    Generation(0),
+                    FileHandle(o.fh),
+                    FopenFlags::empty(),
+                )
+            }
         );
     }
 }

@@ -250,8 +250,23 @@ impl AppendWriter {
     }
 
     /// Sends what is left with flush + state_lookup, half-closes, and takes in the answers
-    /// until the stream ends; fails unless they covered every byte (and the create).
+    /// until the stream ends. Once every byte is persisted (and the create answered), a
+    /// broken stream no longer matters: the closing answers only refresh metadata.
     async fn try_close(&mut self) -> Attempt<()> {
+        let closed = self.send_close().await;
+        let settled = self.answered && self.persisted >= self.written;
+        match closed {
+            Err(Fail::Fatal(e)) => Err(Fail::Fatal(e)),
+            _ if settled => Ok(()),
+            Ok(()) => {
+                Err(Status::unavailable("write stream ended before persisting every byte").into())
+            }
+            Err(f) => Err(f),
+        }
+    }
+
+    /// The sends and receives of `try_close`, whatever they leave persisted.
+    async fn send_close(&mut self) -> Attempt<()> {
         self.try_pump().await?;
         self.send_lookup().await?;
         let Some(Conn { tx, mut rx }) = self.conn.take() else {
@@ -259,26 +274,17 @@ impl AppendWriter {
         };
         drop(tx);
         let stall = Duration::from_millis(self.client.config().stall_timeout_ms.max(1));
-        let ended = loop {
+        loop {
             match tokio::time::timeout(stall, rx.message()).await {
                 Ok(Ok(Some(resp))) => self.on_response(resp)?,
-                Ok(Ok(None)) => break Ok(()),
-                Ok(Err(s)) => break Err(s),
+                Ok(Ok(None)) => return Ok(()),
+                Ok(Err(s)) => return Err(s.into()),
                 Err(_) => {
-                    break Err(Status::deadline_exceeded(format!(
-                        "no answer for {stall:?}"
-                    )))
+                    return Err(
+                        Status::deadline_exceeded(format!("no answer for {stall:?}")).into(),
+                    )
                 }
             }
-        };
-        let all_persisted = self.answered && self.persisted >= self.written;
-        match ended {
-            // The closing answer only refreshes metadata once every byte is persisted.
-            _ if all_persisted => Ok(()),
-            Ok(()) => {
-                Err(Status::unavailable("write stream ended before persisting every byte").into())
-            }
-            Err(s) => Err(s.into()),
         }
     }
 
