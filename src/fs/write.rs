@@ -575,7 +575,9 @@ impl Writes {
     /// through it is persisted. When `fw` has no other writing handle, its stream ends here
     /// (the last flush and the half-close leave together), which spares the release that
     /// follows a round trip of its own. A descriptor still open on the same handle (a dup, a
-    /// forked child) that writes again takes the object over, as a later open would.
+    /// forked child) that writes again takes the object over, as a later open would, unless
+    /// another writer has appended since (see `not_taken_over`). Only the handle's opener
+    /// closes this way: the FUSE layer answers anyone else's close as an fsync.
     pub async fn closing(&self, fw: &FileWriter) -> FsResult<()> {
         let only_handle = !self.finalize_on_close
             && lock(&self.by_ino)
