@@ -15,6 +15,21 @@ use rapidfs::fs::{Errno, Fs, ROOT_INO};
 /// Creates `name` in the root with 1,000 bytes of 1 made durable by fsync, its handle still
 /// streaming: its inode and handle.
 async fn created_with_a_thousand_bytes(fs: &Fs, name: &str) -> (u64, u64) {
+    let (ino, fh) = written_a_thousand_bytes(fs, name).await;
+    fs.fsync(ino, fh).await.expect("fsync");
+    (ino, fh)
+}
+
+/// Creates `name` in the root with 1,000 bytes of 1 and closes a descriptor of it (which
+/// ends its stream), its handle still open as a dup would keep it: its inode and handle.
+async fn closed_with_a_thousand_bytes(fs: &Fs, name: &str) -> (u64, u64) {
+    let (ino, fh) = written_a_thousand_bytes(fs, name).await;
+    fs.flush(fh).await.expect("close flushes");
+    (ino, fh)
+}
+
+/// Creates `name` in the root and writes 1,000 bytes of 1: its inode and handle.
+async fn written_a_thousand_bytes(fs: &Fs, name: &str) -> (u64, u64) {
     let (e, opened) = fs
         .create(ROOT_INO, name, libc::O_WRONLY)
         .await
@@ -22,7 +37,6 @@ async fn created_with_a_thousand_bytes(fs: &Fs, name: &str) -> (u64, u64) {
     fs.write(opened.fh, 0, vec![1u8; 1000].into())
         .await
         .expect("write");
-    fs.fsync(e.attr.ino, opened.fh).await.expect("fsync");
     (e.attr.ino, opened.fh)
 }
 
@@ -211,23 +225,16 @@ fn the_close_of_the_only_writing_handle_ends_its_stream_and_a_dup_writes_on() {
     let env = FsEnv::new("b", |_| {});
     let fs = &env.fs;
     env.rt.block_on(async {
-        let (entry, h) = fs
-            .create(ROOT_INO, "f", libc::O_WRONLY)
-            .await
-            .expect("create");
-        fs.write(h.fh, 0, vec![1u8; 1000].into())
-            .await
-            .expect("write");
-        fs.flush(h.fh).await.expect("close flushes");
+        let (ino, fh) = closed_with_a_thousand_bytes(fs, "f").await;
         let meta = env.client.get_object("b", "f").await.expect("object");
         assert_eq!(meta.size, 1000, "close returned before the bytes were in");
         // The dup writes on after the first descriptor's close.
-        fs.write(h.fh, 1000, vec![2u8; 100].into())
+        fs.write(fh, 1000, vec![2u8; 100].into())
             .await
             .expect("a write after the close");
-        fs.flush(h.fh).await.expect("the dup's close flushes");
+        fs.flush(fh).await.expect("the dup's close flushes");
         assert!(
-            futures::poll!(Box::pin(fs.release_write(h.fh))).is_ready(),
+            futures::poll!(Box::pin(fs.release_write(fh))).is_ready(),
             "the release waited for the service: the close left the stream open"
         );
         let meta = env.client.get_object("b", "f").await.expect("object");
@@ -243,7 +250,7 @@ fn the_close_of_the_only_writing_handle_ends_its_stream_and_a_dup_writes_on() {
             "the bucket holds {} bytes",
             stored.len()
         );
-        assert_eq!(fs.getattr(entry.attr.ino).await.expect("stat").size, 1100);
+        assert_eq!(fs.getattr(ino).await.expect("stat").size, 1100);
     });
 }
 
@@ -255,14 +262,7 @@ fn a_dup_after_the_close_is_fenced_by_a_writer_that_took_over() {
     let env = FsEnv::new("b", |_| {});
     let fs = &env.fs;
     env.rt.block_on(async {
-        let (_, h) = fs
-            .create(ROOT_INO, "f", libc::O_WRONLY)
-            .await
-            .expect("create");
-        fs.write(h.fh, 0, vec![1u8; 1000].into())
-            .await
-            .expect("write");
-        fs.flush(h.fh).await.expect("close ends the stream");
+        let (_, fh) = closed_with_a_thousand_bytes(fs, "f").await;
         let generation = env.client.get_object("b", "f").await.expect("f").generation;
         let mut other = env
             .client
@@ -272,10 +272,10 @@ fn a_dup_after_the_close_is_fenced_by_a_writer_that_took_over() {
         other.append(vec![2u8; 10].into()).await.expect("append");
         other.flush().await.expect("persisted");
         assert_eq!(
-            fs.write(h.fh, 1000, vec![3u8; 100].into()).await,
+            fs.write(fh, 1000, vec![3u8; 100].into()).await,
             Err(Errno::EIO)
         );
-        fs.release_write(h.fh).await;
+        fs.release_write(fh).await;
         let meta = env.client.get_object("b", "f").await.expect("f");
         assert_eq!(
             meta.size, 1010,
