@@ -255,32 +255,48 @@ fn the_close_of_the_only_writing_handle_ends_its_stream_and_a_dup_writes_on() {
 }
 
 /// A descriptor still open on a handle whose stream a close(2) ended is fenced like the
-/// stream would have been: once another writer has appended, its next write is EIO and
-/// the other writer's bytes stay.
+/// stream would have been: once another writer has appended, or finalized the object, its
+/// next write is EIO and the object stays as the other writer left it.
 #[test]
 fn a_dup_after_the_close_is_fenced_by_a_writer_that_took_over() {
     let env = FsEnv::new("b", |_| {});
     let fs = &env.fs;
     env.rt.block_on(async {
-        let (_, fh) = closed_with_a_thousand_bytes(fs, "f").await;
-        let generation = env.client.get_object("b", "f").await.expect("f").generation;
-        let mut other = env
-            .client
-            .open_appendable("b", "f", generation)
-            .await
-            .expect("another writer takes the object over");
-        other.append(vec![2u8; 10].into()).await.expect("append");
-        other.flush().await.expect("persisted");
-        assert_eq!(
-            fs.write(fh, 1000, vec![3u8; 100].into()).await,
-            Err(Errno::EIO)
-        );
-        fs.release_write(fh).await;
-        let meta = env.client.get_object("b", "f").await.expect("f");
-        assert_eq!(
-            meta.size, 1010,
-            "the other writer's bytes, none of ours after"
-        );
+        for (name, appends) in [("appended", 10usize), ("finalized", 0)] {
+            let (_, fh) = closed_with_a_thousand_bytes(fs, name).await;
+            let generation = env
+                .client
+                .get_object("b", name)
+                .await
+                .expect("object")
+                .generation;
+            let mut other = env
+                .client
+                .open_appendable("b", name, generation)
+                .await
+                .expect("another writer takes the object over");
+            if appends > 0 {
+                other
+                    .append(vec![2u8; appends].into())
+                    .await
+                    .expect("append");
+                other.flush().await.expect("persisted");
+            } else {
+                other.finalize().await.expect("finalized");
+            }
+            assert_eq!(
+                fs.write(fh, 1000, vec![3u8; 100].into()).await,
+                Err(Errno::EIO),
+                "{name}"
+            );
+            fs.release_write(fh).await;
+            let meta = env.client.get_object("b", name).await.expect("object");
+            assert_eq!(
+                (meta.size, meta.finalized),
+                (1000 + appends as u64, appends == 0),
+                "{name}: the other writer's object, none of our bytes after"
+            );
+        }
     });
 }
 

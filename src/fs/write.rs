@@ -101,11 +101,13 @@ pub struct Writes {
     stopped: tokio::sync::RwLock<bool>,
 }
 
-/// EIO when another writer has appended to `meta`'s object since a close(2) ended this
-/// writer's stream at size `ended`: the stream would have been fenced, and so is the writer.
+/// EIO when another writer has taken `meta`'s object over since a close(2) ended this
+/// writer's stream at size `ended` (it appended, or finalized the object: this writer never
+/// finalizes a stream its close ended): the stream would have been fenced, and so is the
+/// writer.
 fn not_taken_over(key: &str, ended: Option<u64>, meta: &ObjectMeta) -> FsResult<()> {
     match ended {
-        Some(size) if size != meta.size => {
+        Some(size) if size != meta.size || meta.finalized => {
             tracing::warn!(path = key, "taken over by another writer since its close");
             Err(Errno::EIO)
         }

@@ -216,9 +216,12 @@ impl Fs {
         self.inner.writes.persist_all_appends().await;
     }
 
-    /// Notes that process (thread) `pid` opened file handle `fh`: see `opened_by`.
+    /// Notes that process (thread) `pid` opened file handle `fh`: see `opened_by`. Pid 0 (the
+    /// opener is outside the daemon's pid namespace) says nothing, and is not noted.
     pub fn note_opener(&self, fh: u64, pid: u32) {
-        self.inner.handles.set_opener(fh, pid);
+        if pid != 0 {
+            self.inner.handles.set_opener(fh, pid);
+        }
     }
 
     /// Whether process (thread) `pid` opened file handle `fh`. A close(2) by anyone else (a
