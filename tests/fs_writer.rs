@@ -28,6 +28,15 @@ async fn closed_with_a_thousand_bytes(fs: &Fs, name: &str) -> (u64, u64) {
     (ino, fh)
 }
 
+/// The bytes of object `name` of bucket "b", as the service holds them.
+async fn in_bucket(env: &FsEnv, name: &str) -> bytes::Bytes {
+    let meta = env.client.get_object("b", name).await.expect("object");
+    env.client
+        .read_once("b", name, meta.generation, 0, meta.size)
+        .await
+        .expect("read")
+}
+
 /// Creates `name` in the root and writes 1,000 bytes of 1: its inode and handle.
 async fn written_a_thousand_bytes(fs: &Fs, name: &str) -> (u64, u64) {
     let (e, opened) = fs
@@ -237,12 +246,7 @@ fn the_close_of_the_only_writing_handle_ends_its_stream_and_a_dup_writes_on() {
             futures::poll!(Box::pin(fs.release_write(fh))).is_ready(),
             "the release waited for the service: the close left the stream open"
         );
-        let meta = env.client.get_object("b", "f").await.expect("object");
-        let stored = env
-            .client
-            .read_once("b", "f", meta.generation, 0, meta.size)
-            .await
-            .expect("read");
+        let stored = in_bucket(&env, "f").await;
         let mut want = vec![1u8; 1000];
         want.extend_from_slice(&[2u8; 100]);
         assert!(
@@ -516,12 +520,7 @@ fn fsync_through_a_reading_handle_makes_what_the_file_s_writer_wrote_durable() {
         fs.fsync(ino, reader.fh)
             .await
             .expect("fsync of the reading handle");
-        let meta = env.client.get_object("b", "f").await.expect("object");
-        let stored = env
-            .client
-            .read_once("b", "f", meta.generation, 0, meta.size)
-            .await
-            .expect("read");
+        let stored = in_bucket(&env, "f").await;
         let mut want = vec![1u8; 1000];
         want[..10].copy_from_slice(&[2u8; 10]);
         assert!(
@@ -609,12 +608,7 @@ fn writes_racing_a_rename_of_their_file_all_land_under_the_new_name() {
         fs.flush(fh).await.expect("flush under the new name");
         fs.release_write(fh).await;
         env.emu().set_faults(Faults::default());
-        let meta = env.client.get_object("b", "g").await.expect("g");
-        let stored = env
-            .client
-            .read_once("b", "g", meta.generation, 0, meta.size)
-            .await
-            .expect("read");
+        let stored = in_bucket(&env, "g").await;
         let mut want = vec![1u8; 1000];
         for k in 0..pieces {
             want.extend_from_slice(&[k as u8; 100]);
