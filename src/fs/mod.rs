@@ -388,6 +388,12 @@ impl Fs {
         }
     }
 
+    /// The write share of the memory budget: what all writers together may hold
+    /// unpersisted, in bytes.
+    pub fn write_budget_bytes(&self) -> u64 {
+        self.inner.writes.budget_bytes()
+    }
+
     /// True when handle `fh` writes (its close and release may have a stream to end).
     pub fn is_writer(&self, fh: u64) -> bool {
         self.inner.handles.writer(fh).is_some()

@@ -24,7 +24,7 @@ use super::error::{log_err, Errno, FsResult};
 use super::inode::{Inode, ObjMeta};
 use super::lock;
 use super::staging::{StagedFile, Staging};
-use super::write_budget::{permits_for, Held};
+use super::write_budget::{permits_for, Held, PERMIT_BYTES};
 use crate::config::WriteConfig;
 use crate::gcs::{self, AppendWriter, Client, ObjectMeta};
 use bytes::Bytes;
@@ -148,6 +148,11 @@ impl Writes {
             by_ino: Mutex::new(HashMap::new()),
             stopped: tokio::sync::RwLock::new(false),
         }
+    }
+
+    /// The bytes all writers together may hold unpersisted.
+    pub fn budget_bytes(&self) -> u64 {
+        u64::from(self.budget_permits) * PERMIT_BYTES
     }
 
     /// One more handle writes `inode`: it joins the inode's writer if it has one, else

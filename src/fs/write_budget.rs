@@ -6,7 +6,7 @@ use std::sync::Arc;
 use tokio::sync::Semaphore;
 
 /// The write budget is counted in units of this many bytes (semaphore permits).
-const PERMIT_BYTES: u64 = 1024;
+pub(super) const PERMIT_BYTES: u64 = 1024;
 
 /// Permits of the write budget held by one writer; given back when dropped.
 pub(super) struct Held {

@@ -27,14 +27,20 @@ use tokio::runtime::{Handle, Runtime, RuntimeFlavor};
 mod driven;
 mod fusermount;
 mod session;
+mod write_buffers;
 
 use driven::Driven;
+use write_buffers::WriteBuffers;
 
 pub use fusermount::{receive_fd, receive_message};
 pub use session::{MountSettings, Mounted};
 
 /// Largest read and write request negotiated with the kernel.
 const MAX_IO: u32 = 1024 * 1024;
+
+/// Most bytes of free write buffers kept for reuse (see `write_buffers.rs`).
+const KEEP_FREE_WRITE_BUFFERS: u64 = 16 << 20;
+
 /// Background requests (read-ahead among them) the kernel may keep outstanding, per core:
 /// a sequential reader's 16 MiB of kernel read-ahead is 16 requests of 1 MiB, and a core
 /// serves a few such readers.
@@ -70,6 +76,8 @@ struct FuseAdapter {
     rt: Handle,
     /// Set when the FUSE thread drives `rt` itself.
     driven: Option<Arc<Driven>>,
+    /// The buffers that full-size writes' bytes are copied into.
+    write_buffers: Arc<WriteBuffers>,
 }
 
 /// The end of a request's turn on the FUSE thread: when dropped, and the FUSE thread drives
@@ -168,10 +176,15 @@ impl FuseAdapter {
             Driver::Workers(rt) => (rt, None),
             Driver::FuseThread(rt) => (rt.handle().clone(), Some(Arc::new(Driven::new(rt)))),
         };
+        // A sequential writer's buffers come back a lookup's worth at a time (half its
+        // stream's window, `gcs.write_buffer_kb`: 16 MiB by default); the free ones stay
+        // within half the write share.
+        let keep_free = (fs.write_budget_bytes() / 2).min(KEEP_FREE_WRITE_BUFFERS) as usize;
         let adapter = FuseAdapter {
             fs,
             rt,
             driven: driven.clone(),
+            write_buffers: WriteBuffers::new(MAX_IO as usize, keep_free),
         };
         (adapter, driven)
     }
@@ -596,7 +609,7 @@ impl Filesystem for FuseAdapter {
     ) {
         let _turn = self.turn();
         let t0 = Instant::now();
-        let data = bytes::Bytes::copy_from_slice(data);
+        let data = self.write_buffers.copy(data);
         let fs = self.fs.clone();
         self.answer_soon(async move {
             let written = fs.write(fh.0, offset, data).await;
