@@ -178,7 +178,8 @@ impl FuseAdapter {
         };
         // A sequential writer's buffers come back a lookup's worth at a time (half its
         // stream's window, `gcs.write_buffer_kb`: 16 MiB by default); the free ones stay
-        // within half the write share.
+        // within half the write share. A kernel that refuses 1 MiB writes (`init` settles
+        // for less) sends none of that size, and nothing is recycled.
         let keep_free = (fs.write_budget_bytes() / 2).min(KEEP_FREE_WRITE_BUFFERS) as usize;
         let adapter = FuseAdapter {
             fs,

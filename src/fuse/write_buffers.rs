@@ -4,6 +4,8 @@
 //! on its first touch, a tenth of the daemon's CPU on a big sequential write. These buffers
 //! go back to a free list when the service has persisted their bytes (the last `Bytes`
 //! pointing into one is dropped) and are reused by the next write, their pages resident.
+//! The free ones are not charged to the write share: it bounds the bytes not yet persisted,
+//! and the free list adds at most its own bound to that.
 
 use bytes::Bytes;
 use std::sync::{Arc, Mutex};
@@ -14,6 +16,7 @@ pub(super) struct WriteBuffers {
     size: usize,
     /// Most free buffers kept; one more given back is freed.
     keep: usize,
+    /// Buffers whose bytes were persisted, each of capacity `size`.
     free: Mutex<Vec<Vec<u8>>>,
 }
 
@@ -22,7 +25,7 @@ impl WriteBuffers {
     pub(super) fn new(size: usize, keep_bytes: usize) -> Arc<WriteBuffers> {
         Arc::new(WriteBuffers {
             size,
-            keep: keep_bytes / size.max(1),
+            keep: keep_bytes / size,
             free: Mutex::new(Vec::new()),
         })
     }
