@@ -15,7 +15,7 @@ use super::{lock, names};
 use crate::config::FsConfig;
 use crate::gcs::{self, Client, ListRequest};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -57,14 +57,35 @@ fn name_probe(fkey: &str) -> ListRequest {
 
 /// Name probes in a large directory after which it is listed whole, in the background: from
 /// then on the listing answers its lookups from memory, on the FUSE thread, at one list call
-/// per page of names instead of one call per name (a DataLoader reading a flat folder of
-/// 5,000 images probes 5,000 names an epoch; the folder lists in 5 pages).
+/// per page of names instead of one call per name. It is what lists a directory of more than
+/// `EDITABLE_PAGES` pages; a smaller one is listed sooner, by a lookup
+/// (`PROBES_BEFORE_RELIST`).
 const PROBES_BEFORE_LISTING: u32 = 128;
 
 /// Pages a listing started by name probes may take: a directory of more names (100,000 at
 /// the default page size) keeps its probes, its listing would cost more memory and calls
 /// than the probes it saves.
 const MOST_PAGES_AFTER_PROBES: usize = 100;
+
+/// Name probes in a large directory after which a lookup lists it whole, when it holds at
+/// most `EDITABLE_PAGES` pages, and again as many probes after each such listing: a writer
+/// creating files in it then pays for a listing every negative TTL rather than for a probe
+/// per file (every create asks a lookup of its new name first). At most one listing for
+/// this many probes, so a directory whose lookups rarely miss pays little more.
+const PROBES_BEFORE_RELIST: u32 = 16;
+
+/// Pages of entries up to which a cached listing is edited (a copy) on a change rather than
+/// dropped, and up to which a lookup in a large directory lists it whole.
+const EDITABLE_PAGES: usize = 16;
+
+/// What the mount knows of a directory found to hold more than one page.
+#[derive(Debug, Default)]
+struct LargeDir {
+    /// Name probes in it: since it was found large, or since its last listing.
+    probes: AtomicU32,
+    /// It held more than `EDITABLE_PAGES` pages: lookups do not list it.
+    past_editable: AtomicBool,
+}
 
 /// Caches `listing` of directory `dkey` unless the directory changed through the mount
 /// since its count was `since` (read before it was listed): that change's edit found no
@@ -150,9 +171,10 @@ pub(super) struct Superblock {
     listings: Option<moka::sync::Cache<String, Arc<Listing>>>,
     /// The listing cache's cap in bytes (`fs.metadata_cache_mb`).
     metadata_cap: u64,
-    /// Directories found to hold more than one page, with the name probes made in each since:
-    /// lookups in them do not list them until `PROBES_BEFORE_LISTING`.
-    large_dirs: Option<moka::sync::Cache<String, Arc<AtomicU32>>>,
+    /// Directories found to hold more than one page, with the name probes made in each:
+    /// lookups in them are name probes until `PROBES_BEFORE_RELIST` (or, past
+    /// `EDITABLE_PAGES`, `PROBES_BEFORE_LISTING`).
+    large_dirs: Option<moka::sync::Cache<String, Arc<LargeDir>>>,
     /// `whole_listing` calls in flight, by directory key.
     listing_now: Mutex<HashMap<String, ListingCall>>,
     list_options: ListOptions,
@@ -237,6 +259,9 @@ impl Superblock {
         if let Some(listing) = self.whole_listing(&dir.key()).await {
             return self.lookup_in(&dir, &listing, name);
         }
+        if let Some(listing) = self.relisted(&dir.key()).await {
+            return self.lookup_in(&dir, &listing, name);
+        }
         self.count_probe_and_list(&dir.key());
         // One call finds the object and the folder of that name together; only a page
         // crowded with names between the two (`name.1`, `name.2`, ...) needs two calls.
@@ -290,16 +315,41 @@ impl Superblock {
         }
     }
 
-    /// A fresh listing of directory `dkey` when one page holds all of it: the cached one while
-    /// it is younger than the negative TTL, or else one call that every concurrent caller
-    /// shares (a lookup joins the listing prefetch started, and the other way round). `None`:
-    /// the directory is large, listings are not cached, or the call failed; the caller asks
-    /// for what it needs by name.
+    /// A fresh listing of directory `dkey` when one page holds all of it (see `list_whole`).
+    /// `None`: the directory is large, listings are not cached, or the call failed; the
+    /// caller asks for what it needs by name.
     pub(super) async fn whole_listing(&self, dkey: &str) -> Option<Arc<Listing>> {
-        let (listings, large) = (self.listings.as_ref()?, self.large_dirs.as_ref()?);
-        if large.contains_key(dkey) {
+        if self.large_dirs.as_ref()?.contains_key(dkey) {
             return None;
         }
+        self.list_whole(dkey, 1).await
+    }
+
+    /// A fresh listing of large directory `dkey`, listed whole once `PROBES_BEFORE_RELIST`
+    /// name probes have been made in it since it was last listed, when it holds at most
+    /// `EDITABLE_PAGES` pages: from then on the edits of this mount's changes keep it, and it
+    /// answers lookups as `whole_listing`'s does. `None`: not yet, not that small, no
+    /// negative TTL (every missing name is asked afresh, and a probe is the cheapest way to
+    /// ask), or the call failed.
+    async fn relisted(&self, dkey: &str) -> Option<Arc<Listing>> {
+        let large = self.large_dirs.as_ref()?.get(dkey)?;
+        if self.negative_ttl.is_zero()
+            || large.past_editable.load(Ordering::Relaxed)
+            || large.probes.load(Ordering::Relaxed) < PROBES_BEFORE_RELIST
+        {
+            return None;
+        }
+        let listing = self.list_whole(dkey, EDITABLE_PAGES).await?;
+        large.probes.store(0, Ordering::Relaxed);
+        Some(listing)
+    }
+
+    /// Directory `dkey` listed whole when it holds at most `most_pages` pages: the cached
+    /// listing while it is younger than the negative TTL, or else one call that every
+    /// concurrent caller shares (a lookup joins the listing prefetch started, and the other
+    /// way round). A directory found larger is marked so (`large_dirs`).
+    async fn list_whole(&self, dkey: &str, most_pages: usize) -> Option<Arc<Listing>> {
+        let listings = self.listings.as_ref()?;
         let call = {
             let mut now = lock(&self.listing_now);
             match now.get(dkey) {
@@ -323,23 +373,31 @@ impl Superblock {
             .get_or_init(|| async {
                 let since = self.changes.count(dkey);
                 let pending = self.unanswered.in_dir(dkey);
-                let req = list_request(dkey, self.list_options.page_size);
-                match self.client.list_page(&self.bucket, &req).await {
-                    Ok(page) if page.next_page_token.is_empty() => {
-                        let listing = merge(dkey, vec![page], &self.warnings);
-                        let listing = Arc::new(self.completed(dkey, listing, &pending));
-                        keep_listing(listings, &self.changes, since, dkey, &listing);
-                        Some(listing)
+                let mut req = list_request(dkey, self.list_options.page_size);
+                let mut pages = Vec::new();
+                loop {
+                    match self.client.list_page(&self.bucket, &req).await {
+                        Ok(page) => {
+                            req.page_token = page.next_page_token.clone();
+                            pages.push(page);
+                        }
+                        Err(e) => {
+                            tracing::debug!(dir = dkey, error = %e, "listing failed");
+                            return None;
+                        }
                     }
-                    Ok(_) => {
-                        large.insert(dkey.to_string(), Arc::default());
-                        None
+                    if req.page_token.is_empty() {
+                        break;
                     }
-                    Err(e) => {
-                        tracing::debug!(dir = dkey, error = %e, "listing failed");
-                        None
+                    if pages.len() >= most_pages {
+                        self.found_larger(dkey, most_pages);
+                        return None;
                     }
                 }
+                let listing = merge(dkey, pages, &self.warnings);
+                let listing = Arc::new(self.completed(dkey, listing, &pending));
+                keep_listing(listings, &self.changes, since, dkey, &listing);
+                Some(listing)
             })
             .await
             .clone();
@@ -348,6 +406,18 @@ impl Superblock {
             now.remove(dkey);
         }
         listing
+    }
+
+    /// Directory `dkey` holds more than `pages` pages: large from now on, and past
+    /// `EDITABLE_PAGES` not listed whole by lookups either.
+    fn found_larger(&self, dkey: &str, pages: usize) {
+        let Some(large) = &self.large_dirs else {
+            return;
+        };
+        let dir = large.get_with_by_ref(dkey, Arc::default);
+        if pages >= EDITABLE_PAGES {
+            dir.past_editable.store(true, Ordering::Relaxed);
+        }
     }
 
     /// Counts a name probe in large directory `dkey`; the probe that reaches
@@ -360,10 +430,10 @@ impl Superblock {
         let (Some(large), Some(listings)) = (&self.large_dirs, &self.listings) else {
             return;
         };
-        let Some(probes) = large.get(dkey) else {
+        let Some(dir) = large.get(dkey) else {
             return;
         };
-        if probes.fetch_add(1, Ordering::Relaxed) != PROBES_BEFORE_LISTING - 1 {
+        if dir.probes.fetch_add(1, Ordering::Relaxed) != PROBES_BEFORE_LISTING - 1 {
             return;
         }
         let (client, bucket, dkey) = (self.client.clone(), self.bucket.clone(), dkey.to_string());
@@ -378,7 +448,7 @@ impl Superblock {
             let since = changes.count(&dkey);
             if !unanswered.in_dir(&dkey).is_empty() {
                 // It could come back without a file just created; as many probes later, again.
-                probes.store(0, Ordering::Relaxed);
+                dir.probes.store(0, Ordering::Relaxed);
                 return;
             }
             let mut pages = Vec::new();
@@ -387,7 +457,7 @@ impl Superblock {
                     Ok(page) => page,
                     Err(e) => {
                         tracing::debug!(dir = dkey, error = %e, "listing failed");
-                        probes.store(0, Ordering::Relaxed);
+                        dir.probes.store(0, Ordering::Relaxed);
                         return;
                     }
                 };
@@ -403,7 +473,7 @@ impl Superblock {
             let listing = Arc::new(merge(&dkey, pages, &warnings));
             if !keep_listing(&listings, &changes, since, &dkey, &listing) {
                 // The directory changed meanwhile: try again after as many probes.
-                probes.store(0, Ordering::Relaxed);
+                dir.probes.store(0, Ordering::Relaxed);
             }
         });
     }
@@ -626,13 +696,13 @@ impl Superblock {
     /// Changes the cached listing of directory `parent`, if one is kept, in one step with
     /// respect to other edits of it (a copy: readers keep the listing they hold). Its age
     /// stays that of the call that listed it: what it vouches for stays as old. A listing
-    /// longer than a page is dropped instead: copying it on every change would cost more
-    /// than the one-call name probe that answers lookups in a directory that large.
+    /// of more than `EDITABLE_PAGES` pages is dropped instead: copying it on every change
+    /// would cost more than the name probes it saves.
     fn edit_listing(&self, parent: u64, edit: impl FnOnce(&Listing) -> Listing) {
         let (Some(c), Ok(dir)) = (&self.listings, self.inode(parent)) else {
             return;
         };
-        let most = usize::try_from(self.list_options.page_size).unwrap_or(0);
+        let most = self.most_edited();
         let renames = self.dir_renames.load(Ordering::Acquire);
         c.entry(dir.key()).and_compute_with(|cached| match cached {
             Some(_) if self.dir_renames.load(Ordering::Acquire) != renames => {
@@ -644,6 +714,13 @@ impl Superblock {
             Some(_) => moka::ops::compute::Op::Remove,
             None => moka::ops::compute::Op::Nop,
         });
+    }
+
+    /// The most entries a cached listing may hold and still be edited on a change.
+    fn most_edited(&self) -> usize {
+        usize::try_from(self.list_options.page_size)
+            .unwrap_or(0)
+            .saturating_mul(EDITABLE_PAGES)
     }
 
     /// Event: `key` (a file, or a directory with everything below it), name `name` of
@@ -705,7 +782,7 @@ impl Superblock {
             self.drop_listing(dkey);
             return;
         };
-        let most = usize::try_from(self.list_options.page_size).unwrap_or(0);
+        let most = self.most_edited();
         let renames = self.dir_renames.load(Ordering::Acquire);
         c.entry_by_ref(dkey).and_compute_with(|cached| {
             let Some(l) = cached else {
