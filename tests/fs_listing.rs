@@ -98,10 +98,7 @@ fn a_directory_growing_past_a_page_keeps_its_listing() {
 fn a_directory_of_a_few_pages_being_filled_is_listed_not_probed_per_file() {
     let env = FsEnv::new("b", |cfg| cfg.fs.list_page_size = 8);
     let lists = create_fifty_and_check(&env, 30);
-    assert!(
-        lists <= 40,
-        "some probes and a listing of 11 pages: {lists}"
-    );
+    assert!(lists <= 25, "16 probes and a listing of 6 pages: {lists}");
 }
 
 /// In a directory too large to list, a lookup costs one ListObjects call: it finds a file,
@@ -208,6 +205,31 @@ fn a_large_directory_probed_many_times_is_listed_once_and_answers_from_memory() 
         }
         assert_eq!(fs.lookup(d, "f9999").await.map(|_| ()), Err(Errno::ENOENT));
         assert_eq!(env.calls(), before, "answered from the listing");
+    });
+}
+
+/// A directory of more than 16 pages is listed by a lookup once, to learn that it is that
+/// large, and keeps its probes after: one call a lookup.
+#[test]
+fn a_directory_past_sixteen_pages_is_tried_once_then_probed() {
+    let env = FsEnv::new("b", |cfg| cfg.fs.list_page_size = 2);
+    for i in 0..50 {
+        env.put(&format!("d/f{i:04}"), b"x");
+    }
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let d = fs.lookup(ROOT_INO, "d").await.expect("d").attr.ino;
+        let before = env.calls();
+        for i in 0..50 {
+            fs.lookup(d, &format!("f{i:04}")).await.expect("file");
+        }
+        // One page finds it large, 16 pages find it past 16, and a probe per lookup.
+        assert_eq!(env.calls().0, before.0 + 1 + 16 + 50);
+        let before = env.calls();
+        for i in 0..50 {
+            fs.lookup(d, &format!("f{i:04}")).await.expect("file");
+        }
+        assert_eq!(env.calls().0, before.0 + 50, "one probe a lookup");
     });
 }
 

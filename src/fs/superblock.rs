@@ -67,11 +67,11 @@ const PROBES_BEFORE_LISTING: u32 = 128;
 /// than the probes it saves.
 const MOST_PAGES_AFTER_PROBES: usize = 100;
 
-/// Name probes in a large directory after which a lookup lists it whole, when it holds at
-/// most `EDITABLE_PAGES` pages, and again as many probes after each such listing: a writer
-/// creating files in it then pays for a listing every negative TTL rather than for a probe
-/// per file (every create asks a lookup of its new name first). At most one listing for
-/// this many probes, so a directory whose lookups rarely miss pays little more.
+/// Name probes in a large directory, all within one negative TTL, after which a lookup lists
+/// it whole when it holds at most `EDITABLE_PAGES` pages, and again after as many more: a
+/// writer creating files in it then pays for a listing every negative TTL rather than for a
+/// probe per file (every create asks a lookup of its new name first). Probes fewer than
+/// this in a negative TTL (a listing would not last for more) stay probes.
 const PROBES_BEFORE_RELIST: u32 = 16;
 
 /// Pages of entries up to which a cached listing is edited (a copy) on a change rather than
@@ -79,12 +79,33 @@ const PROBES_BEFORE_RELIST: u32 = 16;
 const EDITABLE_PAGES: usize = 16;
 
 /// What the mount knows of a directory found to hold more than one page.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct LargeDir {
-    /// Name probes in it: since it was found large, or since its last listing.
+    /// Name probes in it: since it was found large, or since its last listing (or, up to
+    /// `EDITABLE_PAGES`, since a negative TTL passed without a listing).
     probes: AtomicU32,
+    /// When the first of those probes was made.
+    first_probe: Mutex<Instant>,
     /// It held more than `EDITABLE_PAGES` pages: lookups do not list it.
     past_editable: AtomicBool,
+}
+
+impl Default for LargeDir {
+    fn default() -> Self {
+        LargeDir {
+            probes: AtomicU32::new(0),
+            first_probe: Mutex::new(Instant::now()),
+            past_editable: AtomicBool::new(false),
+        }
+    }
+}
+
+impl LargeDir {
+    /// Starts counting probes afresh.
+    fn restart(&self) {
+        *lock(&self.first_probe) = Instant::now();
+        self.probes.store(0, Ordering::Relaxed);
+    }
 }
 
 /// Caches `listing` of directory `dkey` unless the directory changed through the mount
@@ -127,7 +148,7 @@ fn listing_cache(ttl: Duration, cap_bytes: u64) -> Option<moka::sync::Cache<Stri
     })
 }
 
-/// One directory's `whole_listing` call, shared by everyone who wants it while it runs.
+/// One directory's `list_whole` call, shared by everyone who wants it while it runs.
 type ListingCall = Arc<tokio::sync::OnceCell<Option<Arc<Listing>>>>;
 
 /// A TTL cache, or none when the TTL is zero (nothing is cached).
@@ -175,7 +196,7 @@ pub(super) struct Superblock {
     /// lookups in them are name probes until `PROBES_BEFORE_RELIST` (or, past
     /// `EDITABLE_PAGES`, `PROBES_BEFORE_LISTING`).
     large_dirs: Option<moka::sync::Cache<String, Arc<LargeDir>>>,
-    /// `whole_listing` calls in flight, by directory key.
+    /// `list_whole` calls in flight, by directory key.
     listing_now: Mutex<HashMap<String, ListingCall>>,
     list_options: ListOptions,
     negative: Option<moka::sync::Cache<(u64, String), ()>>,
@@ -259,6 +280,8 @@ impl Superblock {
         if let Some(listing) = self.whole_listing(&dir.key()).await {
             return self.lookup_in(&dir, &listing, name);
         }
+        // A large directory whose names are asked for by the dozen (a writer filling it, a
+        // reader walking it) is listed rather than probed name by name.
         if let Some(listing) = self.relisted(&dir.key()).await {
             return self.lookup_in(&dir, &listing, name);
         }
@@ -326,11 +349,11 @@ impl Superblock {
     }
 
     /// A fresh listing of large directory `dkey`, listed whole once `PROBES_BEFORE_RELIST`
-    /// name probes have been made in it since it was last listed, when it holds at most
+    /// name probes have been made in it within a negative TTL, when it holds at most
     /// `EDITABLE_PAGES` pages: from then on the edits of this mount's changes keep it, and it
     /// answers lookups as `whole_listing`'s does. `None`: not yet, not that small, no
     /// negative TTL (every missing name is asked afresh, and a probe is the cheapest way to
-    /// ask), or the call failed.
+    /// ask), or the call failed (tried again after as many probes).
     async fn relisted(&self, dkey: &str) -> Option<Arc<Listing>> {
         let large = self.large_dirs.as_ref()?.get(dkey)?;
         if self.negative_ttl.is_zero()
@@ -339,9 +362,21 @@ impl Superblock {
         {
             return None;
         }
-        let listing = self.list_whole(dkey, EDITABLE_PAGES).await?;
-        large.probes.store(0, Ordering::Relaxed);
-        Some(listing)
+        if lock(&large.first_probe).elapsed() >= self.negative_ttl {
+            large.restart();
+            return None;
+        }
+        // A listing the warm-up or a readdir cached says how large the directory is.
+        if self
+            .cached_listing(dkey)
+            .is_some_and(|l| l.len() > self.most_edited())
+        {
+            large.past_editable.store(true, Ordering::Relaxed);
+            return None;
+        }
+        let listing = self.list_whole(dkey, EDITABLE_PAGES).await;
+        large.restart();
+        listing
     }
 
     /// Directory `dkey` listed whole when it holds at most `most_pages` pages: the cached
@@ -433,7 +468,11 @@ impl Superblock {
         let Some(dir) = large.get(dkey) else {
             return;
         };
-        if dir.probes.fetch_add(1, Ordering::Relaxed) != PROBES_BEFORE_LISTING - 1 {
+        let before = dir.probes.fetch_add(1, Ordering::Relaxed);
+        if before == 0 {
+            *lock(&dir.first_probe) = Instant::now();
+        }
+        if before != PROBES_BEFORE_LISTING - 1 {
             return;
         }
         let (client, bucket, dkey) = (self.client.clone(), self.bucket.clone(), dkey.to_string());
@@ -708,7 +747,7 @@ impl Superblock {
             Some(_) if self.dir_renames.load(Ordering::Acquire) != renames => {
                 moka::ops::compute::Op::Remove
             }
-            Some(l) if l.value().len() < most => {
+            Some(l) if l.value().len() <= most => {
                 moka::ops::compute::Op::Put(Arc::new(edit(l.value())))
             }
             Some(_) => moka::ops::compute::Op::Remove,
