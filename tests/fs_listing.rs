@@ -208,6 +208,43 @@ fn a_large_directory_probed_many_times_is_listed_once_and_answers_from_memory() 
     });
 }
 
+/// A directory of a few pages whose names are asked for too slowly to be listed by a lookup
+/// (here a negative TTL of 1 ms: never 16 probes within one) is still listed in the
+/// background after 128 probes, and answers from memory after.
+#[test]
+fn a_directory_of_a_few_pages_read_slowly_is_still_listed_in_the_background() {
+    let env = FsEnv::new("b", |cfg| {
+        cfg.fs.list_page_size = 10;
+        cfg.fs.negative_ttl_ms = 1;
+    });
+    for i in 0..100 {
+        env.put(&format!("d/f{i:04}"), b"x");
+    }
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let d = fs.lookup(ROOT_INO, "d").await.expect("d").attr.ino;
+        for i in 0..130 {
+            fs.lookup(d, &format!("f{:04}", i % 100))
+                .await
+                .expect("file");
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while fs.metadata_usage().listings < 2 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the directory was not listed: {:?}",
+                fs.metadata_usage()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        let before = env.calls();
+        for i in 0..100 {
+            fs.lookup(d, &format!("f{i:04}")).await.expect("file");
+        }
+        assert_eq!(env.calls(), before, "answered from the listing");
+    });
+}
+
 /// A directory of more than 16 pages is listed by a lookup once, to learn that it is that
 /// large, and keeps its probes after: one call a lookup.
 #[test]

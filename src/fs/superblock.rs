@@ -57,9 +57,9 @@ fn name_probe(fkey: &str) -> ListRequest {
 
 /// Name probes in a large directory after which it is listed whole, in the background: from
 /// then on the listing answers its lookups from memory, on the FUSE thread, at one list call
-/// per page of names instead of one call per name. It is what lists a directory of more than
-/// `EDITABLE_PAGES` pages; a smaller one is listed sooner, by a lookup
-/// (`PROBES_BEFORE_RELIST`).
+/// per page of names instead of one call per name. It lists a directory of more than
+/// `EDITABLE_PAGES` pages, and a smaller one whose lookups come too slowly to be listed by
+/// one (`PROBES_BEFORE_RELIST`).
 const PROBES_BEFORE_LISTING: u32 = 128;
 
 /// Pages a listing started by name probes may take: a directory of more names (100,000 at
@@ -70,8 +70,9 @@ const MOST_PAGES_AFTER_PROBES: usize = 100;
 /// Name probes in a large directory, all within one negative TTL, after which a lookup lists
 /// it whole when it holds at most `EDITABLE_PAGES` pages, and again after as many more: a
 /// writer creating files in it then pays for a listing every negative TTL rather than for a
-/// probe per file (every create asks a lookup of its new name first). Probes fewer than
-/// this in a negative TTL (a listing would not last for more) stay probes.
+/// probe per file (every create asks a lookup of its new name first). Fewer in a negative
+/// TTL stay probes, up to `PROBES_BEFORE_LISTING`: a listing vouches for missing names no
+/// longer than that, and would cost more calls than it saves.
 const PROBES_BEFORE_RELIST: u32 = 16;
 
 /// Pages of entries up to which a cached listing is edited (a copy) on a change rather than
@@ -81,11 +82,11 @@ const EDITABLE_PAGES: usize = 16;
 /// What the mount knows of a directory found to hold more than one page.
 #[derive(Debug)]
 struct LargeDir {
-    /// Name probes in it: since it was found large, or since its last listing (or, up to
-    /// `EDITABLE_PAGES`, since a negative TTL passed without a listing).
+    /// Name probes in it since it was found large, or since its last listing: the background
+    /// listing starts at `PROBES_BEFORE_LISTING` of them.
     probes: AtomicU32,
-    /// When the first of those probes was made.
-    first_probe: Mutex<Instant>,
+    /// The probes of the current negative TTL: when the first was made, and how many.
+    recent: Mutex<(Instant, u32)>,
     /// It held more than `EDITABLE_PAGES` pages: lookups do not list it.
     past_editable: AtomicBool,
 }
@@ -94,16 +95,38 @@ impl Default for LargeDir {
     fn default() -> Self {
         LargeDir {
             probes: AtomicU32::new(0),
-            first_probe: Mutex::new(Instant::now()),
+            recent: Mutex::new((Instant::now(), 0)),
             past_editable: AtomicBool::new(false),
         }
     }
 }
 
 impl LargeDir {
-    /// Starts counting probes afresh.
-    fn restart(&self) {
-        *lock(&self.first_probe) = Instant::now();
+    /// Counts a probe: one more since the last listing, and one more in the current negative
+    /// TTL (`ttl`), which starts afresh once its first probe is older than that. The count
+    /// since the last listing, before this probe.
+    fn probed(&self, ttl: Duration) -> u32 {
+        let mut recent = lock(&self.recent);
+        if recent.0.elapsed() >= ttl {
+            *recent = (Instant::now(), 0);
+        }
+        recent.1 += 1;
+        self.probes.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Probes made within the current negative TTL (`ttl`).
+    fn recent_probes(&self, ttl: Duration) -> u32 {
+        let recent = lock(&self.recent);
+        if recent.0.elapsed() >= ttl {
+            0
+        } else {
+            recent.1
+        }
+    }
+
+    /// Listed: counting starts afresh.
+    fn listed(&self) {
+        *lock(&self.recent) = (Instant::now(), 0);
         self.probes.store(0, Ordering::Relaxed);
     }
 }
@@ -193,8 +216,8 @@ pub(super) struct Superblock {
     /// The listing cache's cap in bytes (`fs.metadata_cache_mb`).
     metadata_cap: u64,
     /// Directories found to hold more than one page, with the name probes made in each:
-    /// lookups in them are name probes until `PROBES_BEFORE_RELIST` (or, past
-    /// `EDITABLE_PAGES`, `PROBES_BEFORE_LISTING`).
+    /// lookups in them are name probes until `PROBES_BEFORE_RELIST` within a negative TTL
+    /// (up to `EDITABLE_PAGES`) or `PROBES_BEFORE_LISTING` in all.
     large_dirs: Option<moka::sync::Cache<String, Arc<LargeDir>>>,
     /// `list_whole` calls in flight, by directory key.
     listing_now: Mutex<HashMap<String, ListingCall>>,
@@ -358,12 +381,8 @@ impl Superblock {
         let large = self.large_dirs.as_ref()?.get(dkey)?;
         if self.negative_ttl.is_zero()
             || large.past_editable.load(Ordering::Relaxed)
-            || large.probes.load(Ordering::Relaxed) < PROBES_BEFORE_RELIST
+            || large.recent_probes(self.negative_ttl) < PROBES_BEFORE_RELIST
         {
-            return None;
-        }
-        if lock(&large.first_probe).elapsed() >= self.negative_ttl {
-            large.restart();
             return None;
         }
         // A listing the warm-up or a readdir cached says how large the directory is.
@@ -375,7 +394,7 @@ impl Superblock {
             return None;
         }
         let listing = self.list_whole(dkey, EDITABLE_PAGES).await;
-        large.restart();
+        large.listed();
         listing
     }
 
@@ -468,11 +487,7 @@ impl Superblock {
         let Some(dir) = large.get(dkey) else {
             return;
         };
-        let before = dir.probes.fetch_add(1, Ordering::Relaxed);
-        if before == 0 {
-            *lock(&dir.first_probe) = Instant::now();
-        }
-        if before != PROBES_BEFORE_LISTING - 1 {
+        if dir.probed(self.negative_ttl) != PROBES_BEFORE_LISTING - 1 {
             return;
         }
         let (client, bucket, dkey) = (self.client.clone(), self.bucket.clone(), dkey.to_string());
