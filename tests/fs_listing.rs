@@ -169,6 +169,19 @@ fn removing_a_directory_shows_the_object_it_hid() {
     });
 }
 
+/// Waits (up to 10 s) until two listings are cached: the root's, then `d/`'s.
+async fn background_listing_of_d(fs: &rapidfs::fs::Fs) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while fs.metadata_usage().listings < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "d/ was not listed: {:?}",
+            fs.metadata_usage()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
 /// A large directory read file by file (a DataLoader over a flat folder) is listed whole in
 /// the background after some name probes: from then on its lookups, of names present or
 /// missing, are answered from the listing without a call, and rightly.
@@ -189,16 +202,8 @@ fn a_large_directory_probed_many_times_is_listed_once_and_answers_from_memory() 
         for i in 0..150 {
             lookup(i).await;
         }
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        // The root's listing, then d's.
-        while fs.metadata_usage().listings < 2 {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the large directory was not listed: {:?}",
-                fs.metadata_usage()
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
+        // The root's listing, then d's, listed in the background.
+        background_listing_of_d(fs).await;
         let before = env.calls();
         for i in 150..FILES {
             lookup(i).await;
@@ -228,15 +233,8 @@ fn a_directory_of_a_few_pages_read_slowly_is_still_listed_in_the_background() {
                 .await
                 .expect("file");
         }
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while fs.metadata_usage().listings < 2 {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the directory was not listed: {:?}",
-                fs.metadata_usage()
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
+        // The root's listing, then d's, listed in the background.
+        background_listing_of_d(fs).await;
         let before = env.calls();
         for i in 0..100 {
             fs.lookup(d, &format!("f{i:04}")).await.expect("file");
