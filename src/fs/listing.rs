@@ -2,7 +2,8 @@
 //! millions of cached entries, so a listing keeps its names in one buffer and each entry in
 //! a 32-byte slot (where an entry with its own name allocation took about 130 bytes), sorted
 //! by name, with the rare link targets apart. An edit (a create, a close, a removal) makes
-//! a changed copy: readers keep the listing they hold.
+//! a changed copy: readers keep the listing they hold. A removed name's bytes stay in the
+//! buffer until removed names outweigh the live ones.
 
 use super::dir::ListedEntry;
 use super::inode::{Kind, ObjMeta};
@@ -61,6 +62,8 @@ pub struct Listing {
     /// The targets that links' metadata gives, by their slot's `name_at`, in its order
     /// (names are only ever appended).
     targets: Vec<(u32, Arc<str>)>,
+    /// Bytes of `names` that belong to removed entries.
+    dead_name_bytes: usize,
     /// When the listing was taken: it vouches for a name's absence only briefly.
     pub listed_at: Instant,
 }
@@ -72,6 +75,7 @@ impl Listing {
             names: String::with_capacity(entries.iter().map(|e| e.name.len()).sum()),
             slots: Vec::with_capacity(entries.len()),
             targets: Vec::new(),
+            dead_name_bytes: 0,
             listed_at,
         };
         for e in entries {
@@ -168,34 +172,87 @@ impl Listing {
     }
 
     /// A copy with `entry` in place of the entry of its name, or added; as old as this one.
+    /// The copy is a copy of the buffers as they are (a create in a directory of thousands
+    /// of entries is a memcpy, not a rebuild of every entry), with the one entry changed.
     pub fn with(&self, entry: &ListedEntry) -> Listing {
-        let mut copy = self.copy_without(&entry.name);
-        if let Some(slot) = copy.slot_of(entry) {
-            let at = copy.position(&entry.name).unwrap_or_else(|at| at);
-            copy.slots.insert(at, slot);
+        let mut copy = self.copy();
+        match copy.position(&entry.name) {
+            Ok(at) => {
+                let name_at = copy.slots[at].name_at;
+                copy.slots[at].kind = entry.kind;
+                copy.slots[at].meta = entry.meta.unwrap_or(NO_META);
+                copy.set_target(name_at, entry.target.as_ref());
+            }
+            Err(at) => {
+                if let Some(slot) = copy.slot_of(entry) {
+                    copy.slots.insert(at, slot);
+                }
+            }
         }
         copy
     }
 
-    /// A copy without the entry called `name`; as old as this one.
+    /// A copy without the entry called `name`; as old as this one. The name's bytes stay
+    /// behind until removed names outweigh the live ones, when the copy is compacted.
     pub fn without(&self, name: &str) -> Listing {
-        self.copy_without(name)
+        let Ok(at) = self.position(name) else {
+            return self.copy();
+        };
+        let removed = self.slots[at];
+        if self.dead_name_bytes + removed.name_len as usize > self.names.len() / 2 {
+            return self.compacted_without(at);
+        }
+        let mut copy = self.copy();
+        copy.slots.remove(at);
+        copy.set_target(removed.name_at, None);
+        copy.dead_name_bytes += removed.name_len as usize;
+        copy
     }
 
-    /// A compact copy (names of removed entries dropped) of every entry but `name`'s.
-    fn copy_without(&self, name: &str) -> Listing {
+    /// A copy of the buffers as they are, with room for the one entry `with` adds.
+    fn copy(&self) -> Listing {
+        let mut names = String::with_capacity(self.names.len() + 256);
+        names.push_str(&self.names);
+        let mut slots = Vec::with_capacity(self.slots.len() + 1);
+        slots.extend_from_slice(&self.slots);
+        Listing {
+            names,
+            slots,
+            targets: self.targets.clone(),
+            dead_name_bytes: self.dead_name_bytes,
+            listed_at: self.listed_at,
+        }
+    }
+
+    /// Makes `target` the link target of the entry whose name starts at `name_at`.
+    fn set_target(&mut self, name_at: u32, target: Option<&Arc<str>>) {
+        match (
+            self.targets.binary_search_by_key(&name_at, |(at, _)| *at),
+            target,
+        ) {
+            (Ok(i), Some(t)) => self.targets[i].1 = t.clone(),
+            (Ok(i), None) => {
+                self.targets.remove(i);
+            }
+            (Err(i), Some(t)) => self.targets.insert(i, (name_at, t.clone())),
+            (Err(_), None) => {}
+        }
+    }
+
+    /// A compact copy (only live names' bytes) of every entry but the `skip`th.
+    fn compacted_without(&self, skip: usize) -> Listing {
         let mut copy = Listing {
-            // Room for the one entry `with` adds.
-            names: String::with_capacity(self.names.len() + 256),
-            slots: Vec::with_capacity(self.slots.len() + 1),
+            names: String::with_capacity(self.names.len() - self.dead_name_bytes + 256),
+            slots: Vec::with_capacity(self.slots.len()),
             targets: Vec::new(),
+            dead_name_bytes: 0,
             listed_at: self.listed_at,
         };
-        for s in &self.slots {
-            let e = self.entry(s);
-            if e.name == name {
+        for (i, s) in self.slots.iter().enumerate() {
+            if i == skip {
                 continue;
             }
+            let e = self.entry(s);
             if let Some((name_at, _)) = copy.append_name(e.name, e.target) {
                 copy.slots.push(Slot { name_at, ..*s });
             }
@@ -282,9 +339,40 @@ mod tests {
         }
         assert_eq!(names(&churned), ["a", "b", "c", "d"]);
         assert!(
-            churned.names.len() == 4,
-            "removed names leave no bytes behind"
+            churned.names.len() <= 2 * 4,
+            "removed names are compacted away once they outweigh the live ones: {:?}",
+            churned.names
         );
         assert_eq!(churned.without("nope").len(), 4);
+    }
+
+    #[test]
+    fn link_targets_follow_their_entries_through_edits() {
+        let link = |name: &str, target: &str| ListedEntry {
+            name: name.into(),
+            kind: Kind::Symlink,
+            meta: Some(NO_META),
+            target: Some(Arc::from(target)),
+        };
+        let target_of = |l: &Listing, name: &str| l.find(name).and_then(|e| e.target).cloned();
+        let l = Listing::new(vec![file("a", 1), link("m", "x")], Instant::now());
+        let l = l.with(&link("b", "y")).with(&link("a", "z"));
+        assert_eq!(
+            target_of(&l, "a").as_deref(),
+            Some("z"),
+            "a file became a link"
+        );
+        assert_eq!(target_of(&l, "b").as_deref(), Some("y"));
+        let l = l.with(&file("m", 2)).with(&link("b", "w"));
+        assert_eq!(target_of(&l, "m"), None, "a link became a file");
+        assert_eq!(target_of(&l, "b").as_deref(), Some("w"));
+        let l = l.without("b").with(&file("c", 3));
+        assert_eq!(names(&l), ["a", "c", "m"]);
+        assert_eq!(target_of(&l, "a").as_deref(), Some("z"));
+        assert_eq!(target_of(&l, "c"), None);
+        assert_eq!(l.targets.len(), 1, "a removed link's target is dropped");
+        let compacted = l.without("m").without("c");
+        assert_eq!(names(&compacted), ["a"]);
+        assert_eq!(target_of(&compacted, "a").as_deref(), Some("z"));
     }
 }
