@@ -96,6 +96,14 @@ impl Driven {
         });
     }
 
+    /// Runs `f`, which needs no wait, on this thread holding the runtime. A task it spawns
+    /// joins the runtime's own queue, to run at the end of this request's turn; spawned from
+    /// outside, it would be handed over with a wake-up of the runtime's driver (a write to
+    /// its eventfd, and a pass through epoll to take it back).
+    pub(super) fn at_once<T>(&self, f: impl FnOnce() -> T) -> T {
+        self.inside(async move { f() })
+    }
+
     /// Runs the runtime until the kernel has the next request ready (or the session ended):
     /// the end of every request's turn.
     pub(super) fn until_next_request(&self) {

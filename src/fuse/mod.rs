@@ -548,8 +548,14 @@ impl Filesystem for FuseAdapter {
         let direct = flags.0 & libc::O_DIRECT != 0;
         let t0 = Instant::now();
         if !write {
-            let _runtime = self.rt.enter();
-            if let Some(o) = self.fs.open_cached(ino.0, direct) {
+            let cached = match &self.driven {
+                Some(driven) => driven.at_once(|| self.fs.open_cached(ino.0, direct)),
+                None => {
+                    let _runtime = self.rt.enter();
+                    self.fs.open_cached(ino.0, direct)
+                }
+            };
+            if let Some(o) = cached {
                 counted("open", t0);
                 return reply.opened(FileHandle(o.fh), open_flags(&o, false));
             }
