@@ -99,7 +99,9 @@ impl Driven {
     /// Runs `f`, which needs no wait, on this thread holding the runtime. A task it spawns
     /// joins the runtime's own queue, to run at the end of this request's turn; spawned from
     /// outside, it would be handed over with a wake-up of the runtime's driver (a write to
-    /// its eventfd, and a pass through epoll to take it back).
+    /// its eventfd, and a pass through epoll to take it back). While the standby thread
+    /// drives the runtime, `block_on` polls `f` here without the runtime, and a task it
+    /// spawns is handed over as from outside: correct, only not cheaper.
     pub(super) fn at_once<T>(&self, f: impl FnOnce() -> T) -> T {
         self.inside(async move { f() })
     }
