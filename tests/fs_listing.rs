@@ -243,12 +243,12 @@ fn a_directory_of_a_few_pages_read_slowly_is_still_listed_in_the_background() {
     });
 }
 
-/// A directory of more than 16 pages is listed by a lookup once, to learn that it is that
+/// A directory of more than 100 pages is listed by a lookup once, to learn that it is that
 /// large, and keeps its probes after: one call a lookup.
 #[test]
-fn a_directory_past_sixteen_pages_is_tried_once_then_probed() {
+fn a_directory_past_a_hundred_pages_is_tried_once_then_probed() {
     let env = FsEnv::new("b", |cfg| cfg.fs.list_page_size = 2);
-    for i in 0..50 {
+    for i in 0..250 {
         env.put(&format!("d/f{i:04}"), b"x");
     }
     let fs = &env.fs;
@@ -258,13 +258,54 @@ fn a_directory_past_sixteen_pages_is_tried_once_then_probed() {
         for i in 0..50 {
             fs.lookup(d, &format!("f{i:04}")).await.expect("file");
         }
-        // One page finds it large, 16 pages find it past 16, and a probe per lookup.
-        assert_eq!(env.calls().0, before.0 + 1 + 16 + 50);
+        // One page finds it large, 100 pages find it past 100, and a probe per lookup.
+        assert_eq!(env.calls().0, before.0 + 1 + 100 + 50);
         let before = env.calls();
-        for i in 0..50 {
+        for i in 50..100 {
             fs.lookup(d, &format!("f{i:04}")).await.expect("file");
         }
         assert_eq!(env.calls().0, before.0 + 50, "one probe a lookup");
+    });
+}
+
+/// A directory listed by a lookup is listed again by one only after as many probes within a
+/// negative TTL as that listing took pages: a listing never costs more calls than the
+/// probes made before it (16 probes before each listing of 30 pages cost twice the calls).
+#[test]
+fn a_directory_is_listed_again_after_as_many_probes_as_it_has_pages() {
+    let env = FsEnv::new("b", |cfg| {
+        cfg.fs.list_page_size = 2;
+        cfg.fs.negative_ttl_ms = 1_000;
+    });
+    for i in 0..60 {
+        env.put(&format!("d/f{i:04}"), b"x");
+    }
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let d = fs.lookup(ROOT_INO, "d").await.expect("d").attr.ino;
+        let missing = |prefix: &'static str, i: usize| format!("{prefix}{i:03}");
+        let before = env.calls().0;
+        for i in 0..17 {
+            let found = fs.lookup(d, &missing("x", i)).await;
+            assert_eq!(found.err(), Some(Errno::ENOENT));
+        }
+        // One page finds it large, 16 probes, then the 17th lookup lists its 30 pages.
+        assert_eq!(env.calls().0, before + 1 + 16 + 30);
+        // Past the negative TTL the listing no longer vouches for missing names.
+        tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
+        let before = env.calls().0;
+        for i in 0..30 {
+            let found = fs.lookup(d, &missing("y", i)).await;
+            assert_eq!(found.err(), Some(Errno::ENOENT));
+        }
+        assert_eq!(env.calls().0, before + 30, "30 probes, no listing yet");
+        let found = fs.lookup(d, &missing("y", 30)).await;
+        assert_eq!(found.err(), Some(Errno::ENOENT));
+        assert_eq!(
+            env.calls().0,
+            before + 30 + 30,
+            "then a listing of 30 pages"
+        );
     });
 }
 

@@ -15,7 +15,7 @@ use super::{lock, names};
 use crate::config::FsConfig;
 use crate::gcs::{self, Client, ListRequest};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -68,16 +68,18 @@ const PROBES_BEFORE_LISTING: u32 = 128;
 const MOST_PAGES_AFTER_PROBES: usize = 100;
 
 /// Name probes in a large directory, all within one negative TTL, after which a lookup lists
-/// it whole when it holds at most `EDITABLE_PAGES` pages, and again after as many more: a
-/// writer creating files in it then pays for a listing every negative TTL rather than for a
-/// probe per file (every create asks a lookup of its new name first). Fewer in a negative
-/// TTL stay probes, up to `PROBES_BEFORE_LISTING`: a listing vouches for missing names no
-/// longer than that, and would cost more calls than it saves.
+/// it whole when it holds at most `EDITABLE_PAGES` pages; after that, as many probes as that
+/// listing took pages (at least these): a writer creating files in it then pays for a
+/// listing every negative TTL rather than for a probe per file (every create asks a lookup
+/// of its new name first), and a listing never costs more calls than the probes made before
+/// it. Fewer in a negative TTL stay probes, up to `PROBES_BEFORE_LISTING`: a listing vouches
+/// for missing names no longer than that, and would cost more calls than it saves.
 const PROBES_BEFORE_RELIST: u32 = 16;
 
-/// Pages of entries up to which a cached listing is edited (a copy) on a change rather than
-/// dropped, and up to which a lookup in a large directory lists it whole.
-const EDITABLE_PAGES: usize = 16;
+/// Pages of entries up to which a cached listing is edited on a change rather than dropped
+/// (an edit copies one chunk of it, see `listing.rs`), and up to which a lookup in a large
+/// directory lists it whole: as many as a listing started by probes may take.
+const EDITABLE_PAGES: usize = MOST_PAGES_AFTER_PROBES;
 
 /// What the mount knows of a directory found to hold more than one page.
 #[derive(Debug)]
@@ -89,6 +91,8 @@ struct LargeDir {
     recent: Mutex<(Instant, u32)>,
     /// It held more than `EDITABLE_PAGES` pages: lookups do not list it.
     past_editable: AtomicBool,
+    /// Pages its last listing by a lookup took (0 before the first).
+    pages: AtomicUsize,
 }
 
 impl Default for LargeDir {
@@ -97,6 +101,7 @@ impl Default for LargeDir {
             probes: AtomicU32::new(0),
             recent: Mutex::new((Instant::now(), 0)),
             past_editable: AtomicBool::new(false),
+            pages: AtomicUsize::new(0),
         }
     }
 }
@@ -372,16 +377,18 @@ impl Superblock {
     }
 
     /// A fresh listing of large directory `dkey`, listed whole once `PROBES_BEFORE_RELIST`
-    /// name probes have been made in it within a negative TTL, when it holds at most
-    /// `EDITABLE_PAGES` pages: from then on the edits of this mount's changes keep it, and it
-    /// answers lookups as `whole_listing`'s does. `None`: not yet, not that small, no
-    /// negative TTL (every missing name is asked afresh, and a probe is the cheapest way to
-    /// ask), or the call failed (tried again after as many probes).
+    /// name probes (or, after its first such listing, as many as that listing took pages)
+    /// have been made in it within a negative TTL, when it holds at most `EDITABLE_PAGES`
+    /// pages: from then on the edits of this mount's changes keep it, and it answers lookups
+    /// as `whole_listing`'s does. `None`: not yet, not that small, no negative TTL (every
+    /// missing name is asked afresh, and a probe is the cheapest way to ask), or the call
+    /// failed (tried again after as many probes).
     async fn relisted(&self, dkey: &str) -> Option<Arc<Listing>> {
         let large = self.large_dirs.as_ref()?.get(dkey)?;
+        let pages = u32::try_from(large.pages.load(Ordering::Relaxed)).unwrap_or(u32::MAX);
         if self.negative_ttl.is_zero()
             || large.past_editable.load(Ordering::Relaxed)
-            || large.recent_probes(self.negative_ttl) < PROBES_BEFORE_RELIST
+            || large.recent_probes(self.negative_ttl) < PROBES_BEFORE_RELIST.max(pages)
         {
             return None;
         }
@@ -394,6 +401,12 @@ impl Superblock {
             return None;
         }
         let listing = self.list_whole(dkey, EDITABLE_PAGES).await;
+        if let Some(l) = &listing {
+            let page = usize::try_from(self.list_options.page_size)
+                .unwrap_or(1)
+                .max(1);
+            large.pages.store(l.len().div_ceil(page), Ordering::Relaxed);
+        }
         large.listed();
         listing
     }
@@ -750,8 +763,8 @@ impl Superblock {
     /// Changes the cached listing of directory `parent`, if one is kept, in one step with
     /// respect to other edits of it (a copy: readers keep the listing they hold). Its age
     /// stays that of the call that listed it: what it vouches for stays as old. A listing
-    /// of more than `EDITABLE_PAGES` pages is dropped instead: copying it on every change
-    /// would cost more than the name probes it saves.
+    /// of more than `EDITABLE_PAGES` pages is dropped instead: lookups in so large a
+    /// directory are name probes anyway, and every edit would copy its table of chunks.
     fn edit_listing(&self, parent: u64, edit: impl FnOnce(&Listing) -> Listing) {
         let (Some(c), Ok(dir)) = (&self.listings, self.inode(parent)) else {
             return;
