@@ -169,6 +169,24 @@ fn removing_a_directory_shows_the_object_it_hid() {
     });
 }
 
+/// Puts objects `d/f0000`, `d/f0001`, ... (`n` of them, one byte each).
+fn put_files_in_d(env: &FsEnv, n: usize) {
+    for i in 0..n {
+        env.put(&format!("d/f{i:04}"), b"x");
+    }
+}
+
+/// An `FsEnv` of `page_size` names a listing page and a negative TTL of `negative_ttl_ms`,
+/// whose directory `d` holds `files` objects (see `put_files_in_d`).
+fn env_with_d(page_size: u32, negative_ttl_ms: u64, files: usize) -> FsEnv {
+    let env = FsEnv::new("b", |cfg| {
+        cfg.fs.list_page_size = page_size;
+        cfg.fs.negative_ttl_ms = negative_ttl_ms;
+    });
+    put_files_in_d(&env, files);
+    env
+}
+
 /// Waits (up to 10 s) until two listings are cached: the root's, then `d/`'s.
 async fn background_listing_of_d(fs: &rapidfs::fs::Fs) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
@@ -218,13 +236,7 @@ fn a_large_directory_probed_many_times_is_listed_once_and_answers_from_memory() 
 /// background after 128 probes, and answers from memory after.
 #[test]
 fn a_directory_of_a_few_pages_read_slowly_is_still_listed_in_the_background() {
-    let env = FsEnv::new("b", |cfg| {
-        cfg.fs.list_page_size = 10;
-        cfg.fs.negative_ttl_ms = 1;
-    });
-    for i in 0..100 {
-        env.put(&format!("d/f{i:04}"), b"x");
-    }
+    let env = env_with_d(10, 1, 100);
     let fs = &env.fs;
     env.rt.block_on(async {
         let d = fs.lookup(ROOT_INO, "d").await.expect("d").attr.ino;
@@ -248,9 +260,7 @@ fn a_directory_of_a_few_pages_read_slowly_is_still_listed_in_the_background() {
 #[test]
 fn a_directory_past_a_hundred_pages_is_tried_once_then_probed() {
     let env = FsEnv::new("b", |cfg| cfg.fs.list_page_size = 2);
-    for i in 0..250 {
-        env.put(&format!("d/f{i:04}"), b"x");
-    }
+    put_files_in_d(&env, 250);
     let fs = &env.fs;
     env.rt.block_on(async {
         let d = fs.lookup(ROOT_INO, "d").await.expect("d").attr.ino;
@@ -273,13 +283,7 @@ fn a_directory_past_a_hundred_pages_is_tried_once_then_probed() {
 /// probes made before it (16 probes before each listing of 30 pages cost twice the calls).
 #[test]
 fn a_directory_is_listed_again_after_as_many_probes_as_it_has_pages() {
-    let env = FsEnv::new("b", |cfg| {
-        cfg.fs.list_page_size = 2;
-        cfg.fs.negative_ttl_ms = 1_000;
-    });
-    for i in 0..60 {
-        env.put(&format!("d/f{i:04}"), b"x");
-    }
+    let env = env_with_d(2, 1_000, 60);
     let fs = &env.fs;
     env.rt.block_on(async {
         let d = fs.lookup(ROOT_INO, "d").await.expect("d").attr.ino;
@@ -316,9 +320,7 @@ fn a_directory_past_the_listing_pages_stays_probed() {
     const FILES: usize = 300;
     // 150 pages of 2, past the 100 a listing started by probes may take.
     let env = FsEnv::new("b", |cfg| cfg.fs.list_page_size = 2);
-    for i in 0..FILES {
-        env.put(&format!("d/f{i:04}"), b"x");
-    }
+    put_files_in_d(&env, FILES);
     let fs = &env.fs;
     env.rt.block_on(async {
         let d = fs.lookup(ROOT_INO, "d").await.expect("d").attr.ino;
