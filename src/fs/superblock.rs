@@ -57,9 +57,9 @@ fn name_probe(fkey: &str) -> ListRequest {
 
 /// Name probes in a large directory after which it is listed whole, in the background: from
 /// then on the listing answers its lookups from memory, on the FUSE thread, at one list call
-/// per page of names instead of one call per name. It lists a directory of more than
-/// `EDITABLE_PAGES` pages, and a smaller one whose lookups come too slowly to be listed by
-/// one (`PROBES_BEFORE_RELIST`).
+/// per page of names instead of one call per name. It lists a directory whose lookups come
+/// too slowly to be listed by one (`PROBES_BEFORE_RELIST`); one known to hold more than
+/// `EDITABLE_PAGES` pages is left to its probes.
 const PROBES_BEFORE_LISTING: u32 = 128;
 
 /// Pages a listing started by name probes may take: a directory of more names (100,000 at
@@ -170,8 +170,26 @@ fn listing_cache(ttl: Duration, cap_bytes: u64) -> Option<moka::sync::Cache<Stri
             .weigher(|dkey: &String, l: &Arc<Listing>| {
                 u32::try_from(dkey.len() + l.heap_bytes()).unwrap_or(u32::MAX)
             })
-            .eviction_listener(|_, l: Arc<Listing>, _| super::reclaim::freed(l.len() as u64))
+            // An edit replaces a listing with a copy that shares all its chunks but one:
+            // counting the whole listing as freed would have every create in a large
+            // directory ask for the memory to be given back.
+            .eviction_listener(|_, l: Arc<Listing>, cause| {
+                if cause != moka::notification::RemovalCause::Replaced {
+                    super::reclaim::freed(l.len() as u64)
+                }
+            })
             .time_to_live(ttl)
+            .build()
+    })
+}
+
+/// What the mount knows of its large directories, each forgotten once unused for `ttl` (a
+/// directory in use keeps what its listings taught: its size, and the probes since).
+fn large_dir_cache(ttl: Duration) -> Option<moka::sync::Cache<String, Arc<LargeDir>>> {
+    (!ttl.is_zero()).then(|| {
+        moka::sync::Cache::builder()
+            .max_capacity(4096)
+            .time_to_idle(ttl)
             .build()
     })
 }
@@ -256,7 +274,7 @@ impl Superblock {
             stat_ttl: ms(fs.stat_ttl_ms),
             listings: listing_cache(ms(fs.list_ttl_ms), fs.metadata_cache_mb << 20),
             metadata_cap: fs.metadata_cache_mb << 20,
-            large_dirs: ttl_cache(ms(fs.list_ttl_ms), 4096),
+            large_dirs: large_dir_cache(ms(fs.list_ttl_ms)),
             listing_now: Mutex::new(HashMap::new()),
             list_options: ListOptions::from_config(fs),
             negative: ttl_cache(ms(fs.negative_ttl_ms), 100_000),
@@ -500,7 +518,9 @@ impl Superblock {
         let Some(dir) = large.get(dkey) else {
             return;
         };
-        if dir.probed(self.negative_ttl) != PROBES_BEFORE_LISTING - 1 {
+        if dir.probed(self.negative_ttl) != PROBES_BEFORE_LISTING - 1
+            || dir.past_editable.load(Ordering::Relaxed)
+        {
             return;
         }
         let (client, bucket, dkey) = (self.client.clone(), self.bucket.clone(), dkey.to_string());
