@@ -420,10 +420,8 @@ impl Superblock {
         }
         let listing = self.list_whole(dkey, EDITABLE_PAGES).await;
         if let Some(l) = &listing {
-            let page = usize::try_from(self.list_options.page_size)
-                .unwrap_or(1)
-                .max(1);
-            large.pages.store(l.len().div_ceil(page), Ordering::Relaxed);
+            let pages = l.len().div_ceil(self.page_entries());
+            large.pages.store(pages, Ordering::Relaxed);
         }
         large.listed();
         listing
@@ -805,9 +803,14 @@ impl Superblock {
 
     /// The most entries a cached listing may hold and still be edited on a change.
     fn most_edited(&self) -> usize {
+        self.page_entries().saturating_mul(EDITABLE_PAGES)
+    }
+
+    /// Entries in a full listing page (the config keeps it at 1 to 1,000).
+    fn page_entries(&self) -> usize {
         usize::try_from(self.list_options.page_size)
-            .unwrap_or(0)
-            .saturating_mul(EDITABLE_PAGES)
+            .unwrap_or(1)
+            .max(1)
     }
 
     /// Event: `key` (a file, or a directory with everything below it), name `name` of
