@@ -1,7 +1,8 @@
 //! `--metrics-addr`: the daemon serves Prometheus text at /metrics. Two scrapes taken while
 //! files are read through the mount must parse as the Prometheus text format (checked by a
 //! strict parser below: names, labels, values, TYPE lines, histogram buckets) and the
-//! counters must move between them.
+//! counters must move between them. The request counts also show what the kernel sends a
+//! read-only mount: reads, and no opens, flushes or releases past the first refusals.
 
 mod mount_support;
 
@@ -10,7 +11,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -277,6 +278,36 @@ fn is_mounted(path: &Path) -> bool {
         .any(|l| l.split(' ').nth(4) == Some(p.as_ref()))
 }
 
+/// Starts `rapidfs mount` of the test bucket on `mnt` serving metrics on `addr`, with
+/// `extra` arguments, and waits until it is mounted.
+fn mount_daemon(env: &Env, mnt: &Path, addr: &str, extra: &[&str]) -> Child {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rapidfs"))
+        .args(["mount", BUCKET, "--foreground", "--memory-mb", "256"])
+        .args(extra)
+        .arg(mnt)
+        .args(["--endpoint", &env.emu().endpoint(), "--metrics-addr", addr])
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("rapidfs runs");
+    let start = Instant::now();
+    while !is_mounted(mnt) {
+        if start.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("not mounted within 20 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
+}
+
+/// Ends a daemon started by `mount_daemon` the way a user would, and checks it exits cleanly.
+fn stop_daemon(mut child: Child) {
+    // SAFETY: signalling our own child process.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert!(child.wait().expect("wait").success());
+}
+
 #[test]
 fn a_scrape_during_reads_parses_and_counters_move() {
     let env = Env::new(BUCKET);
@@ -286,25 +317,9 @@ fn a_scrape_during_reads_parses_and_counters_move() {
     env.put(BUCKET, "big.bin", &data(99, 48 * 1024 * 1024));
     let mnt = tempfile::tempdir().expect("tempdir");
     let addr = format!("127.0.0.1:{}", free_port());
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rapidfs"))
-        // No metadata caching: every round's lookups reach the service, so the gRPC series
-        // move between the two scrapes however well the listings would answer them.
-        .args(["mount", BUCKET, "--foreground", "--memory-mb", "256"])
-        .args(["--metadata-ttl-ms", "0"])
-        .arg(mnt.path())
-        .args(["--endpoint", &env.emu().endpoint(), "--metrics-addr", &addr])
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("rapidfs runs");
-    let start = Instant::now();
-    while !is_mounted(mnt.path()) {
-        if start.elapsed() > Duration::from_secs(20) {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("not mounted within 20 s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    // No metadata caching: every round's lookups reach the service, so the gRPC series move
+    // between the two scrapes however well the listings would answer them.
+    let child = mount_daemon(&env, mnt.path(), &addr, &["--metadata-ttl-ms", "0"]);
     let stop = Arc::new(AtomicBool::new(false));
     let root = mnt.path().to_path_buf();
     let reader = {
@@ -328,9 +343,7 @@ fn a_scrape_during_reads_parses_and_counters_move() {
     let second = scrape(&addr);
     stop.store(true, Ordering::Relaxed);
     let rounds = reader.join().expect("reader");
-    // SAFETY: signalling our own child process.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    assert!(child.wait().expect("wait").success());
+    stop_daemon(child);
     assert!(rounds >= 2, "only {rounds} rounds of reads");
 
     let a = parse(&first).unwrap_or_else(|e| panic!("first scrape: {e}\n{first}"));
@@ -390,6 +403,73 @@ fn a_scrape_during_reads_parses_and_counters_move() {
     );
     let rss = b.get("rapidfs_memory_in_use_bytes", &[]);
     assert!(rss > 1e6 && rss < 2e9, "memory in use {rss}");
+}
+
+/// On a read-only mount the kernel reads files without opening them: one `open` and one
+/// `flush` are answered ENOSYS, which the kernel remembers, and no `release` ever comes.
+/// The files read back whole: small ones, a large one read by the kernel's read-ahead, and
+/// the large one again through `O_DIRECT`, which the kernel sends as it comes.
+#[test]
+fn a_read_only_mount_is_read_without_opens_flushes_or_releases() {
+    let env = Env::new(BUCKET);
+    let small: Vec<Vec<u8>> = (0..40)
+        .map(|i| data(i, 150_000 + 977 * i as usize))
+        .collect();
+    for (i, bytes) in small.iter().enumerate() {
+        env.put(BUCKET, &format!("small/{i:02}.bin"), bytes);
+    }
+    let big = data(77, 6 * 1024 * 1024 + 4096);
+    env.put(BUCKET, "big.bin", &big);
+    let mnt = tempfile::tempdir().expect("tempdir");
+    let addr = format!("127.0.0.1:{}", free_port());
+    let child = mount_daemon(&env, mnt.path(), &addr, &["--read-only"]);
+    for (i, bytes) in small.iter().enumerate() {
+        let got = std::fs::read(mnt.path().join(format!("small/{i:02}.bin"))).expect("read");
+        assert!(got == *bytes, "small/{i:02}.bin differs");
+    }
+    assert!(std::fs::read(mnt.path().join("big.bin")).expect("read") == big);
+    let direct = read_direct(&mnt.path().join("big.bin"));
+    assert!(direct == big, "O_DIRECT read differs");
+    let s = scrape(&addr);
+    stop_daemon(child);
+
+    let m = parse(&s).unwrap_or_else(|e| panic!("scrape: {e}\n{s}"));
+    let requests = |op| m.sum("rapidfs_fuse_requests_total", &[("op", op)]);
+    assert_eq!(requests("open"), 1.0, "{s}");
+    assert_eq!(requests("flush"), 1.0, "{s}");
+    assert_eq!(requests("release"), 0.0, "{s}");
+    let refused = |op| {
+        m.get(
+            "rapidfs_fuse_errors_total",
+            &[("op", op), ("errno", "ENOSYS")],
+        )
+    };
+    assert_eq!((refused("open"), refused("flush")), (1.0, 1.0), "{s}");
+    assert!(requests("read") >= 40.0 + 2.0 * 6.0, "{s}");
+}
+
+/// Reads `path` whole with `O_DIRECT`, in aligned 1 MiB requests.
+fn read_direct(path: &Path) -> Vec<u8> {
+    use std::os::unix::fs::OpenOptionsExt;
+    const CHUNK: usize = 1024 * 1024;
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .expect("open O_DIRECT");
+    // O_DIRECT wants the buffer aligned to the logical block (4 KiB covers every device).
+    let mut raw = vec![0u8; CHUNK + 4096];
+    let start = raw.as_ptr().align_offset(4096);
+    let chunk = &mut raw[start..start + CHUNK];
+    let mut out = Vec::new();
+    loop {
+        let n = f.read(chunk).expect("O_DIRECT read");
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&chunk[..n]);
+    }
+    out
 }
 
 #[test]

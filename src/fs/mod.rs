@@ -50,7 +50,7 @@ use crate::gcs::{self, Client};
 use bytes::Bytes;
 use inode::{Inode, ObjMeta};
 use list_parallel::list_request;
-use read::ReadPath;
+use read::{Handle as ReadSide, ReadPath};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
@@ -356,6 +356,49 @@ impl Fs {
         Opened { fh, keep_cache }
     }
 
+    /// True on a read-only mount: the kernel is told not to open files (FUSE `no_open`), so a
+    /// file read costs no open and no release, and reads come without a handle
+    /// (`read_unopened`). Nothing is lost: an inode reads one generation (a newer one is a
+    /// new inode), as a handle would, and the kernel keeps the page cache of an inode whose
+    /// size it sees unchanged, as an open would have let it.
+    pub fn skips_open(&self) -> bool {
+        self.inner.read_only
+    }
+
+    /// Reads up to `size` bytes at `offset` of file `ino`, which the kernel did not open
+    /// (`skips_open`); `direct`: the reader opened it with `O_DIRECT`. A read at offset 0
+    /// counts as the file's open for prefetch.
+    pub async fn read_unopened(
+        &self,
+        ino: u64,
+        offset: u64,
+        size: u32,
+        direct: bool,
+    ) -> FsResult<Bytes> {
+        let inode = self.inode(ino)?;
+        match inode.kind {
+            Kind::File => {}
+            Kind::Dir => return Err(Errno::EISDIR),
+            Kind::Symlink => return Err(Errno(libc::ELOOP)),
+        }
+        let meta = self.inner.sb.fresh_meta(&inode).await?;
+        let key = inode.key();
+        if offset == 0 {
+            inode.note_open(meta.identity(), self.inner.prefetch.open_clock(meta.size));
+            self.prefetch_on_open(&key);
+        }
+        let handle = self.inner.reads.unopened(&key, &meta, direct);
+        self.read_version(&handle, offset, size).await
+    }
+
+    /// Reads through `handle`, whose generation may be gone: then stale, not missing.
+    async fn read_version(&self, handle: &ReadSide, offset: u64, size: u32) -> FsResult<Bytes> {
+        match self.inner.reads.read(handle, offset, u64::from(size)).await {
+            Err(Errno::ENOENT) => Err(Errno::ESTALE),
+            other => other,
+        }
+    }
+
     /// Reads up to `size` bytes at `offset` of open file `fh`, from the version it opened.
     pub async fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Bytes> {
         let writer = self.inner.handles.writer(fh);
@@ -376,16 +419,7 @@ impl Fs {
                 }
             };
         }
-        match self
-            .inner
-            .reads
-            .read(&handle, offset, u64::from(size))
-            .await
-        {
-            // The version this handle opened is gone: stale, not missing.
-            Err(Errno::ENOENT) => Err(Errno::ESTALE),
-            other => other,
-        }
+        self.read_version(&handle, offset, size).await
     }
 
     /// The write share of the memory budget: what all writers together may hold

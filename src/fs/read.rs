@@ -46,12 +46,19 @@ const WHOLE: u64 = u64::MAX;
 /// A cached block: the object, its generation and the block index (or `WHOLE`).
 type BlockKey = (Arc<str>, i64, u64);
 
+/// A version of an object read without an open: key, generation, size, and whether the
+/// reader asked for `O_DIRECT`.
+type UnopenedKey = (Arc<str>, i64, u64, bool);
+
 /// Shared state of every read of the mount.
 #[derive(Clone)]
 pub struct ReadPath {
     client: Client,
     bucket: Arc<str>,
     pools: moka::sync::Cache<(Arc<str>, i64), Arc<StreamPool>>,
+    /// Handles of large objects read without an open (`unopened`), by version and
+    /// `O_DIRECT`, for as long as reads keep coming.
+    unopened: moka::sync::Cache<UnopenedKey, Arc<Handle>>,
     blocks: moka::future::Cache<BlockKey, Bytes>,
     prefetch_budget: Arc<Semaphore>,
     demand_budget: Arc<Semaphore>,
@@ -129,11 +136,16 @@ impl ReadPath {
             .max_capacity(read.max_warm_objects.max(1))
             .time_to_idle(Duration::from_millis(read.stream_idle_ms))
             .build();
+        let unopened = moka::sync::Cache::builder()
+            .max_capacity(read.max_warm_objects.max(1))
+            .time_to_idle(Duration::from_millis(read.stream_idle_ms))
+            .build();
         let quarter = u32::try_from(budget / 4 / PERMIT_BYTES).unwrap_or(u32::MAX);
         ReadPath {
             client,
             bucket: Arc::from(bucket),
             pools,
+            unopened,
             blocks,
             prefetch_budget: Arc::new(Semaphore::new(quarter as usize)),
             demand_budget: Arc::new(Semaphore::new(quarter as usize)),
@@ -332,6 +344,21 @@ impl ReadPath {
             direct,
             seq: Mutex::new(Sequential::new(self.readahead_initial, self.readahead_max)),
         }
+    }
+
+    /// A handle for a read the kernel sent without opening the file (a read-only mount skips
+    /// `open`). A small object's is new for each read: read whole at once, it keeps nothing
+    /// between reads, and its stream closes with it. A large object's is shared by every read
+    /// of the version until reads stop for `read.stream_idle_ms`, so that its scan state sees
+    /// the reader's pattern and its streams stay warm.
+    pub fn unopened(&self, key: &str, meta: &ObjMeta, direct: bool) -> Arc<Handle> {
+        if meta.size <= self.small {
+            return Arc::new(self.open(key, meta, direct));
+        }
+        self.unopened
+            .get_with((Arc::from(key), meta.generation, meta.size, direct), || {
+                Arc::new(self.open(key, meta, direct))
+            })
     }
 
     /// The handle is closed: the streams of a large object stay warm for

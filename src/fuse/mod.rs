@@ -6,7 +6,9 @@
 //! metadata, a read of cached bytes, a write that fits its stream's window, a create that
 //! does not wait for the service) is answered there: waking a runtime worker would cost more
 //! than the answer. The tasks run on the runtime's workers, or, on a machine of few cores,
-//! on the FUSE thread itself between requests (`Driver`, `driven.rs`). No filesystem logic
+//! on the FUSE thread itself between requests (`Driver`, `driven.rs`). A read-only mount
+//! tells the kernel not to send opens, flushes and releases of files at all (`skip_open`).
+//! No filesystem logic
 //! lives here: only type conversions and the init negotiation; `session.rs` mounts and
 //! unmounts, `fusermount.rs` speaks fusermount3 and receives passed descriptors.
 
@@ -21,7 +23,7 @@ use std::ffi::OsStr;
 use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 use tokio::runtime::{Handle, Runtime, RuntimeFlavor};
 
 mod driven;
@@ -78,6 +80,9 @@ struct FuseAdapter {
     driven: Option<Arc<Driven>>,
     /// The buffers that full-size writes' bytes are copied into.
     write_buffers: Arc<WriteBuffers>,
+    /// Files are read without an open (`Fs::skips_open`): `open` and `flush` answer ENOSYS,
+    /// which the kernel remembers for the rest of the mount.
+    skip_open: bool,
 }
 
 /// The end of a request's turn on the FUSE thread: when dropped, and the FUSE thread drives
@@ -136,6 +141,13 @@ fn counted(op: &'static str, start: Instant) {
     crate::metrics::fuse_op(op, start.elapsed(), 0, None);
 }
 
+/// Records a request answered ENOSYS, which the kernel remembers: it never sends that
+/// operation again on this mount (see `FuseAdapter::skip_open`).
+fn not_sent_again(op: &'static str) -> Errno {
+    crate::metrics::fuse_op(op, Duration::ZERO, 0, Some(libc::ENOSYS));
+    Errno::ENOSYS
+}
+
 fn errno(e: FsErrno) -> Errno {
     Errno::from_i32(e.0)
 }
@@ -182,6 +194,7 @@ impl FuseAdapter {
         // for less) sends none of that size, and nothing is recycled.
         let keep_free = (fs.write_budget_bytes() / 2).min(KEEP_FREE_WRITE_BUFFERS) as usize;
         let adapter = FuseAdapter {
+            skip_open: fs.skips_open(),
             fs,
             rt,
             driven: driven.clone(),
@@ -542,6 +555,11 @@ impl Filesystem for FuseAdapter {
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let _turn = self.turn();
+        if self.skip_open {
+            // The kernel opens this file and every later one itself (FUSE `no_open`). A
+            // read-only mount's kernel refuses every open for writing before asking.
+            return reply.error(not_sent_again("open"));
+        }
         let write = flags.acc_mode() != OpenAccMode::O_RDONLY
             || flags.0 & (libc::O_TRUNC | libc::O_APPEND) != 0;
         let truncate = flags.0 & libc::O_TRUNC != 0;
@@ -582,19 +600,24 @@ impl Filesystem for FuseAdapter {
     fn read(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         size: u32,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
         let _turn = self.turn();
         let t0 = Instant::now();
         let fs = self.fs.clone();
+        let (unopened, direct) = (self.skip_open, flags.0 & libc::O_DIRECT != 0);
         self.answer_soon(async move {
-            let read = fs.read(fh.0, offset, size).await;
+            let read = if unopened {
+                fs.read_unopened(ino.0, offset, size, direct).await
+            } else {
+                fs.read(fh.0, offset, size).await
+            };
             match metered("read", t0, read, |d| d.len() as u64) {
                 Ok(data) => reply.data(&data),
                 Err(e) => reply.error(errno(e)),
@@ -636,6 +659,10 @@ impl Filesystem for FuseAdapter {
         reply: ReplyEmpty,
     ) {
         let _turn = self.turn();
+        if self.skip_open {
+            // Nothing is written on a read-only mount: the kernel stops sending flushes.
+            return reply.error(not_sent_again("flush"));
+        }
         // Each close(2) is answered once every byte written through `fh` is persisted. A
         // reading handle has nothing to persist: answered here, without waking a runtime
         // worker, since every close of every file read sends a flush.
