@@ -80,8 +80,9 @@ struct FuseAdapter {
     driven: Option<Arc<Driven>>,
     /// The buffers that full-size writes' bytes are copied into.
     write_buffers: Arc<WriteBuffers>,
-    /// Files are read without an open (`Fs::skips_open`): `open` and `flush` answer ENOSYS,
-    /// which the kernel remembers for the rest of the mount.
+    /// Files are read without an open (`Fs::skips_open`, and the kernel said at `init` that it
+    /// opens files itself when told to: one that does not would fail every open): `open` and
+    /// `flush` answer ENOSYS, which the kernel remembers for the rest of the mount.
     skip_open: bool,
 }
 
@@ -194,7 +195,7 @@ impl FuseAdapter {
         // for less) sends none of that size, and nothing is recycled.
         let keep_free = (fs.write_budget_bytes() / 2).min(KEEP_FREE_WRITE_BUFFERS) as usize;
         let adapter = FuseAdapter {
-            skip_open: fs.skips_open(),
+            skip_open: false,
             fs,
             rt,
             driven: driven.clone(),
@@ -327,6 +328,10 @@ impl Filesystem for FuseAdapter {
                 tracing::debug!(?missing, "kernel lacks a FUSE capability");
             }
         }
+        self.skip_open = self.fs.skips_open()
+            && config
+                .capabilities()
+                .contains(InitFlags::FUSE_NO_OPEN_SUPPORT);
         if let Err(max) = config.set_max_write(MAX_IO) {
             let _ = config.set_max_write(max);
         }
