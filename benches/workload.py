@@ -25,6 +25,8 @@ Rows, each with DataLoader workers 0, 2 and 4 unless said:
                    (the ceiling of a FUSE design here, to read the local-cold ratio against);
   rapidfs          a fresh `rapidfs mount` (caches dropped) of a separate `rapidfs emulator
                    --memory` process preloaded with the dataset, at 0, 1 and 5 ms latency;
+  rapidfs read-only the same mounted `--read-only`, as a training job mounts its dataset (the
+                   kernel then reads files without sending opens and releases);
   rapidfs+helper   the same with python/rapidfs_sampler.py's RapidfsSampler sending the order
                    (0 ms with 4 workers; 5 ms with 2 and 4 workers);
   google client    google-cloud-storage's AsyncMultiRangeDownloader (the engine of gcsfs on
@@ -91,7 +93,9 @@ BATCH = 32
 IMAGE = 128
 # Training steps taken before a pass's clock starts (cuDNN's autotuning, allocations).
 WARMUP_STEPS = 15
-ROWS = ("local", "passthrough", "rapidfs", "helper", "google", "raw", "budget")
+ROWS = ("local", "passthrough", "rapidfs", "readonly", "helper", "google", "raw", "budget")
+# The name of each kind of rapidfs row in the table.
+RAPIDFS_ROWS = {"rapidfs": "rapidfs", "readonly": "rapidfs read-only", "helper": "rapidfs+helper"}
 BUCKET = "bench"
 SEED = 9
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -443,10 +447,12 @@ class Env:
         os.makedirs(mnt)
         return mnt
 
-    def mount(self, memory_mb=None):
+    def mount(self, memory_mb=None, read_only=False):
         mnt = self._mountpoint()
         cmd = [self.binary, "mount", BUCKET, mnt, "--endpoint", f"http://{self.endpoint}",
                "--log-file", os.path.join(self.work, "mount.log")]
+        if read_only:
+            cmd.append("--read-only")
         if memory_mb is not None:
             cfg = os.path.join(self.work, f"mount{self.n}.toml")
             with open(cfg, "w") as f:
@@ -660,15 +666,16 @@ def main():
             for lat in lats:
                 env.start_emulator(lat)
                 for w in workers:
-                    for helper in (False, True):
+                    for kind, name in RAPIDFS_ROWS.items():
+                        helper = kind == "helper"
                         if helper and not ((lat == 0 and w == 4) or (lat == 5000 and w >= 2)):
                             continue
-                        if ("helper" if helper else "rapidfs") not in rows:
+                        if kind not in rows:
                             continue
-                        mnt = env.mount()
+                        mnt = env.mount(read_only=kind == "readonly")
                         drop_caches()
                         paths = [os.path.join(mnt, n) for n in names]
-                        key = ("rapidfs+helper" if helper else "rapidfs", lat, w)
+                        key = (name, lat, w)
                         pids = (env.mounts[mnt], env.emulator.pid)
                         cpu0, daemon0 = cpu_seconds(*pids), cpu_seconds(pids[0])
                         res = child_pass(python, {
@@ -787,6 +794,8 @@ def report(results, extra, sample, sample_bytes, runs, budget_mb, binary, train)
 
     targets = [
         ("rapidfs 4w 0 ms / local cold 4w", ratio(sps("rapidfs", 0, 4), sps("local cold", 0, 4)), 0.8),
+        ("rapidfs read-only 4w 0 ms / local cold 4w",
+         ratio(sps("rapidfs read-only", 0, 4), sps("local cold", 0, 4)), 0.8),
         ("rapidfs 4w 0 ms / google client 4w 0 ms",
          ratio(sps("rapidfs", 0, 4), sps("google client", 0, 4)), 3.0),
         ("rapidfs+helper 4w: 5 ms / 0 ms",
