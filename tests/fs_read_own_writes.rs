@@ -4,16 +4,10 @@
 
 mod fs_support;
 
-use fs_support::FsEnv;
+use fs_support::{pattern, FsEnv};
 use rapidfs::fs::ROOT_INO;
 
 const MIB: usize = 1024 * 1024;
-
-fn pattern(seed: u8, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
-}
 
 #[test]
 fn a_created_file_reads_back_its_streaming_appends() {

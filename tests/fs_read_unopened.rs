@@ -5,16 +5,10 @@
 
 mod fs_support;
 
-use fs_support::FsEnv;
+use fs_support::{pattern, FsEnv};
 
 const KIB: usize = 1024;
 const MIB: usize = 1024 * KIB;
-
-fn pattern(seed: u8, len: usize) -> Vec<u8> {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(29).wrapping_add(seed))
-        .collect()
-}
 
 #[test]
 fn a_sequential_reader_without_an_open_keeps_its_read_ahead() {

@@ -88,3 +88,10 @@ impl FsEnv {
             .ino
     }
 }
+
+/// `len` bytes of a pattern that differs by `seed` and at every offset near by.
+pub fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
