@@ -193,6 +193,42 @@ fn ownership_modes_and_only_dir() {
     assert!(std::fs::metadata(m.p("top.txt")).is_err());
 }
 
+/// The kernel's super options of the mount on `path`, from /proc/self/mountinfo.
+fn super_options(path: &std::path::Path) -> String {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    let p = path.to_string_lossy();
+    let line = info
+        .lines()
+        .find(|l| l.split(' ').nth(4) == Some(p.as_ref()))
+        .unwrap_or_else(|| panic!("{p} is not mounted"));
+    let (_, after) = line.split_once(" - ").expect("separator");
+    after.split(' ').nth(2).unwrap_or("").to_string()
+}
+
+/// The kernel checks modes only where a mode could refuse the one user it lets in (the
+/// owner, without `allow_other`): not with the default modes, yes with files the owner may
+/// not write. Either way a file without an execute bit is not executed.
+#[test]
+fn modes_are_checked_by_the_kernel_only_where_they_could_refuse_the_owner() {
+    let env = Env::new(BUCKET);
+    env.put(BUCKET, "tool", b"#!/bin/sh\nexit 0\n");
+    for (file_mode, checked) in [(0o644, false), (0o444, true)] {
+        let mut cfg = env.config();
+        cfg.fs.file_mode = file_mode;
+        let m = env.mount(BUCKET, &cfg);
+        let opts = super_options(&m.path);
+        assert_eq!(
+            opts.split(',').any(|o| o == "default_permissions"),
+            checked,
+            "file mode {file_mode:o}: {opts}"
+        );
+        let err = std::process::Command::new(m.p("tool"))
+            .status()
+            .expect_err("a file without an execute bit runs");
+        assert_eq!(err.kind(), std::io::ErrorKind::PermissionDenied, "{err}");
+    }
+}
+
 #[test]
 fn replaced_object_shows_after_the_ttl_and_an_open_handle_never_mixes() {
     let env = Env::new(BUCKET);

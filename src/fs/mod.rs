@@ -356,6 +356,15 @@ impl Fs {
         Opened { fh, keep_cache }
     }
 
+    /// Whether the modes reported give the user who mounted (the only user the kernel lets in
+    /// without `allow_other`) read and write on every file and everything on every directory.
+    pub fn owner_may_do_all(&self) -> bool {
+        let i = &self.inner;
+        // SAFETY: getuid cannot fail and touches no memory.
+        let mounter = unsafe { libc::getuid() };
+        i.uid == mounter && i.file_mode & 0o600 == 0o600 && i.dir_mode & 0o700 == 0o700
+    }
+
     /// True on a read-only mount: the kernel is told not to open files (FUSE `no_open`), so a
     /// file read costs no open and no release, and reads come without a handle
     /// (`read_unopened`). Nothing is lost: an inode reads one generation (a newer one is a

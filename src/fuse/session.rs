@@ -19,8 +19,8 @@ const THREAD_GRACE: Duration = Duration::from_secs(2);
 /// creates some 100,000 a second.
 const SHED_INTERVAL: Duration = Duration::from_millis(200);
 
-/// Mount options for the kernel: always `default_permissions` (the kernel checks modes),
-/// plus read-only, `allow_other` and the user's `-o` list.
+/// Mount options for the kernel: read-only, `allow_other` and the user's `-o` list, and
+/// `default_permissions` (the kernel checks modes) wherever a mode could refuse anything.
 pub struct MountSettings {
     /// Shown as the filesystem source in `mount` and `df`.
     pub fsname: String,
@@ -32,13 +32,21 @@ pub struct MountSettings {
     pub extra: Vec<String>,
 }
 
-/// The fuser configuration for `settings`.
-fn mount_config(settings: &MountSettings) -> fuser::Config {
+/// The fuser configuration for `settings`; `owner_may_do_all`: the modes rapidfs reports
+/// give the user who mounts read and write on files and everything on directories
+/// (`Fs::owner_may_do_all`).
+///
+/// Without `allow_other` or `allow_root` the kernel lets only that user in, so a check of
+/// the modes could refuse nothing (a file without an execute bit is still refused `exec`:
+/// the kernel checks that in any case) and is left out. It was not free: every create,
+/// unlink or rename in a directory drops the directory's attributes in the kernel, and the
+/// next check in that directory asked for them again, a GETATTR per small file written.
+fn mount_config(settings: &MountSettings, owner_may_do_all: bool) -> fuser::Config {
     let mut opts = vec![
         MountOption::FSName(settings.fsname.clone()),
         MountOption::Subtype("rapidfs".to_string()),
-        MountOption::DefaultPermissions,
     ];
+    let mut check_modes = !owner_may_do_all;
     let mut allow_other = settings.allow_other;
     let mut read_only = settings.read_only;
     // Safe defaults that an explicit option (mount.fuse3 passes `dev,suid`) may turn around.
@@ -49,7 +57,8 @@ fn mount_config(settings: &MountSettings) -> fuser::Config {
     );
     for o in &settings.extra {
         match o.as_str() {
-            "" | "default_permissions" => {}
+            "" => {}
+            "default_permissions" => check_modes = true,
             "rw" => read_only = false,
             "ro" => read_only = true,
             "allow_other" => allow_other = true,
@@ -60,6 +69,10 @@ fn mount_config(settings: &MountSettings) -> fuser::Config {
             "atime" => atime = MountOption::Atime,
             "noatime" => atime = MountOption::NoAtime,
             "auto_unmount" => opts.push(MountOption::AutoUnmount),
+            "allow_root" => {
+                check_modes = true;
+                opts.push(MountOption::CUSTOM(o.clone()));
+            }
             "exec" => opts.push(MountOption::Exec),
             "noexec" => opts.push(MountOption::NoExec),
             "sync" => opts.push(MountOption::Sync),
@@ -67,6 +80,9 @@ fn mount_config(settings: &MountSettings) -> fuser::Config {
             "dirsync" => opts.push(MountOption::DirSync),
             other => opts.push(MountOption::CUSTOM(other.to_string())),
         }
+    }
+    if check_modes || allow_other {
+        opts.push(MountOption::DefaultPermissions);
     }
     opts.extend([dev, suid, atime]);
     opts.push(if read_only {
@@ -145,7 +161,7 @@ impl Mounted {
         settings: &MountSettings,
     ) -> std::io::Result<Mounted> {
         let (adapter, driven) = FuseAdapter::new(fs.clone(), driver);
-        let config = mount_config(settings);
+        let config = mount_config(settings, fs.owner_may_do_all());
         // SAFETY: geteuid cannot fail and touches no memory.
         let root = unsafe { libc::geteuid() } == 0;
         let (session, unmounter) = if root {
@@ -308,5 +324,42 @@ impl Drop for Mounted {
         if let Err(e) = self.finish() {
             tracing::warn!(error = %e, "unmount failed");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn checks_modes(allow_other: bool, extra: &[&str], owner_may_do_all: bool) -> bool {
+        let settings = MountSettings {
+            fsname: "b".to_string(),
+            read_only: false,
+            allow_other,
+            extra: extra.iter().map(|o| o.to_string()).collect(),
+        };
+        mount_config(&settings, owner_may_do_all)
+            .mount_options
+            .contains(&MountOption::DefaultPermissions)
+    }
+
+    #[test]
+    fn modes_are_checked_wherever_they_could_refuse_someone() {
+        assert!(
+            !checks_modes(false, &[], true),
+            "the owner alone, allowed all"
+        );
+        assert!(!checks_modes(false, &["rw", "nosuid"], true));
+        assert!(
+            checks_modes(false, &[], false),
+            "modes that refuse the owner"
+        );
+        assert!(checks_modes(true, &[], true), "other users let in");
+        assert!(checks_modes(false, &["allow_other"], true));
+        assert!(checks_modes(false, &["allow_root"], true));
+        assert!(
+            checks_modes(false, &["default_permissions"], true),
+            "asked for"
+        );
     }
 }
