@@ -375,14 +375,20 @@ impl Fs {
     }
 
     /// Reads up to `size` bytes at `offset` of file `ino`, which the kernel did not open
-    /// (`skips_open`); `direct`: the reader opened it with `O_DIRECT`. A read at offset 0
-    /// counts as the file's open for prefetch.
+    /// (`skips_open`), for process `reader`; `direct`: it opened the file with `O_DIRECT`.
+    ///
+    /// Reads what the inode knows of its version, with no call: the kernel asks for no byte
+    /// past the size it was told, which came from the same metadata, and refreshes that
+    /// (a `getattr`) as its attribute TTL says. A read through the page cache at offset 0
+    /// counts as the file's open for prefetch; a file the page cache still holds sends no
+    /// read, and needs no prefetch.
     pub async fn read_unopened(
         &self,
         ino: u64,
         offset: u64,
         size: u32,
         direct: bool,
+        reader: u32,
     ) -> FsResult<Bytes> {
         let inode = self.inode(ino)?;
         match inode.kind {
@@ -390,13 +396,19 @@ impl Fs {
             Kind::Dir => return Err(Errno::EISDIR),
             Kind::Symlink => return Err(Errno(libc::ELOOP)),
         }
-        let meta = self.inner.sb.fresh_meta(&inode).await?;
+        let meta = match inode.meta().0 {
+            Some(meta) => meta,
+            None => match self.inner.sb.fresh_meta(&inode).await {
+                Err(Errno::ENOENT) => return Err(Errno::ESTALE),
+                other => other?,
+            },
+        };
         let key = inode.key();
-        if offset == 0 {
+        if offset == 0 && !direct {
             inode.note_open(meta.identity(), self.inner.prefetch.open_clock(meta.size));
             self.prefetch_on_open(&key);
         }
-        let handle = self.inner.reads.unopened(&key, &meta, direct);
+        let handle = self.inner.reads.unopened(&key, &meta, direct, reader);
         self.read_version(&handle, offset, size).await
     }
 

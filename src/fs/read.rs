@@ -46,9 +46,9 @@ const WHOLE: u64 = u64::MAX;
 /// A cached block: the object, its generation and the block index (or `WHOLE`).
 type BlockKey = (Arc<str>, i64, u64);
 
-/// A version of an object read without an open: key, generation, size, and whether the
-/// reader asked for `O_DIRECT`.
-type UnopenedKey = (Arc<str>, i64, u64, bool);
+/// A version of an object read without an open (key, generation, size), whether the reader
+/// asked for `O_DIRECT`, and the reading process.
+type UnopenedKey = (Arc<str>, i64, u64, bool, u32);
 
 /// Shared state of every read of the mount.
 #[derive(Clone)]
@@ -56,8 +56,8 @@ pub struct ReadPath {
     client: Client,
     bucket: Arc<str>,
     pools: moka::sync::Cache<(Arc<str>, i64), Arc<StreamPool>>,
-    /// Handles of large objects read without an open (`unopened`), by version and
-    /// `O_DIRECT`, for as long as reads keep coming.
+    /// Handles of large objects read without an open (`unopened`), by version, `O_DIRECT`
+    /// and reader, for as long as reads keep coming.
     unopened: moka::sync::Cache<UnopenedKey, Arc<Handle>>,
     blocks: moka::future::Cache<BlockKey, Bytes>,
     prefetch_budget: Arc<Semaphore>,
@@ -347,18 +347,25 @@ impl ReadPath {
     }
 
     /// A handle for a read the kernel sent without opening the file (a read-only mount skips
-    /// `open`). A small object's is new for each read: read whole at once, it keeps nothing
-    /// between reads, and its stream closes with it. A large object's is shared by every read
-    /// of the version until reads stop for `read.stream_idle_ms`, so that its scan state sees
-    /// the reader's pattern and its streams stay warm.
-    pub fn unopened(&self, key: &str, meta: &ObjMeta, direct: bool) -> Arc<Handle> {
+    /// `open`) for process `reader`. A small object's is new for each read: read whole at
+    /// once, it keeps nothing between reads, and its stream closes with it. A large object's
+    /// is kept per reader until its reads stop for `read.stream_idle_ms`, so that its scan
+    /// state follows that reader's pattern (two readers of one file at two places would each
+    /// look random to a shared one), and all of them share the version's warm streams.
+    pub fn unopened(&self, key: &str, meta: &ObjMeta, direct: bool, reader: u32) -> Arc<Handle> {
         if meta.size <= self.small {
             return Arc::new(self.open(key, meta, direct));
         }
-        self.unopened
-            .get_with((Arc::from(key), meta.generation, meta.size, direct), || {
-                Arc::new(self.open(key, meta, direct))
-            })
+        let key: Arc<str> = Arc::from(key);
+        let h = self.unopened.get_with(
+            (key.clone(), meta.generation, meta.size, direct, reader),
+            || Arc::new(self.open(&key, meta, direct)),
+        );
+        // No release marks the end of these reads: each read keeps the version's streams in
+        // `pools` (their idle time counts from now), where a later reader's handle finds them.
+        self.pools
+            .get_with((key, meta.generation), || h.pool.clone());
+        h
     }
 
     /// The handle is closed: the streams of a large object stay warm for

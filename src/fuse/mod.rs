@@ -84,9 +84,12 @@ struct FuseAdapter {
     driven: Option<Arc<Driven>>,
     /// The buffers that full-size writes' bytes are copied into.
     write_buffers: Arc<WriteBuffers>,
-    /// Files are read without an open (`Fs::skips_open`, and the kernel said at `init` that it
-    /// opens files itself when told to: one that does not would fail every open): `open` and
-    /// `flush` answer ENOSYS, which the kernel remembers for the rest of the mount.
+    /// The kernel mount is read-only (so the kernel refuses every open for writing itself).
+    kernel_read_only: bool,
+    /// Files are read without an open (`Fs::skips_open`, the kernel mount is read-only, and
+    /// the kernel said at `init` that it opens files itself when told to: one that does not
+    /// would fail every open): `open` and `flush` answer ENOSYS, which the kernel remembers
+    /// for the rest of the mount.
     skip_open: bool,
 }
 
@@ -188,7 +191,7 @@ fn file_attr(a: &Attr) -> FileAttr {
 
 impl FuseAdapter {
     /// The adapter of `fs` on `driver`, and its `Driven` when the FUSE thread drives.
-    fn new(fs: Fs, driver: Driver) -> (FuseAdapter, Option<Arc<Driven>>) {
+    fn new(fs: Fs, driver: Driver, kernel_read_only: bool) -> (FuseAdapter, Option<Arc<Driven>>) {
         let (rt, driven) = match driver {
             Driver::Workers(rt) => (rt, None),
             Driver::FuseThread(rt) => (rt.handle().clone(), Some(Arc::new(Driven::new(rt)))),
@@ -199,6 +202,7 @@ impl FuseAdapter {
         // for less) sends none of that size, and nothing is recycled.
         let keep_free = (fs.write_budget_bytes() / 2).min(KEEP_FREE_WRITE_BUFFERS) as usize;
         let adapter = FuseAdapter {
+            kernel_read_only,
             skip_open: false,
             fs,
             rt,
@@ -333,6 +337,7 @@ impl Filesystem for FuseAdapter {
             }
         }
         self.skip_open = self.fs.skips_open()
+            && self.kernel_read_only
             && config
                 .capabilities()
                 .contains(InitFlags::FUSE_NO_OPEN_SUPPORT);
@@ -608,7 +613,7 @@ impl Filesystem for FuseAdapter {
 
     fn read(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -621,9 +626,10 @@ impl Filesystem for FuseAdapter {
         let t0 = Instant::now();
         let fs = self.fs.clone();
         let (unopened, direct) = (self.skip_open, flags.0 & libc::O_DIRECT != 0);
+        let reader = req.pid();
         self.answer_soon(async move {
             let read = if unopened {
-                fs.read_unopened(ino.0, offset, size, direct).await
+                fs.read_unopened(ino.0, offset, size, direct, reader).await
             } else {
                 fs.read(fh.0, offset, size).await
             };

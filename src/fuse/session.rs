@@ -160,8 +160,9 @@ impl Mounted {
         mountpoint: &Path,
         settings: &MountSettings,
     ) -> std::io::Result<Mounted> {
-        let (adapter, driven) = FuseAdapter::new(fs.clone(), driver);
         let config = mount_config(settings, fs.owner_may_do_all());
+        let kernel_read_only = config.mount_options.contains(&MountOption::RO);
+        let (adapter, driven) = FuseAdapter::new(fs.clone(), driver, kernel_read_only);
         // SAFETY: geteuid cannot fail and touches no memory.
         let root = unsafe { libc::geteuid() } == 0;
         let (session, unmounter) = if root {
@@ -190,7 +191,10 @@ impl Mounted {
     /// driver, `mount.fuse3 -o drop_privileges`): no mount, no unmount, no kernel tuning.
     /// The kernel checks access as the mounter's options say, so every request is served.
     pub fn serve_fd(fs: Fs, driver: Driver, fd: OwnedFd) -> std::io::Result<Mounted> {
-        let (adapter, driven) = FuseAdapter::new(fs.clone(), driver);
+        // Whoever mounted the descriptor (the GKE CSI driver) mounted it read-only exactly
+        // when the volume's options, which set `fs.read_only`, say so.
+        let kernel_read_only = fs.skips_open();
+        let (adapter, driven) = FuseAdapter::new(fs.clone(), driver, kernel_read_only);
         let config = fuser::Config::default();
         let session = fuser::Session::from_fd(adapter, fd, fuser::SessionACL::All, config)?;
         Self::run(session, Unmounter::Nobody, fs, driven)
