@@ -222,7 +222,12 @@ fn config(args: &MountArgs) -> anyhow::Result<Config> {
         cfg.gcs.endpoint = e.clone();
     }
     let fs = &mut cfg.fs;
-    fs.read_only |= args.read_only;
+    // `-o ro` (an fstab line) mounts the kernel read-only, so the filesystem is too: its
+    // files are then read without opens (see `Fs::skips_open`). A later `rw` undoes it.
+    let last_ro_rw = super::kernel_mount_options(&args.options)
+        .into_iter()
+        .rfind(|o| o == "ro" || o == "rw");
+    fs.read_only |= args.read_only || last_ro_rw.as_deref() == Some("ro");
     fs.prefetch_metadata |= args.prefetch_metadata;
     fs.allow_other |= args.allow_other;
     if args.only_dir.is_some() {
