@@ -405,10 +405,11 @@ fn a_scrape_during_reads_parses_and_counters_move() {
     assert!(rss > 1e6 && rss < 2e9, "memory in use {rss}");
 }
 
-/// On a read-only mount the kernel reads files without opening them: one `open` and one
-/// `flush` are answered ENOSYS, which the kernel remembers, and no `release` ever comes.
-/// The files read back whole: small ones, a large one read by the kernel's read-ahead, and
-/// the large one again through `O_DIRECT`, which the kernel sends as it comes.
+/// On a read-only mount (`--read-only` or `-o ro`) the kernel reads files without opening
+/// them: one `open` and one `flush` are answered ENOSYS, which the kernel remembers, and no
+/// `release` ever comes. The files read back whole: small ones, a large one read by the
+/// kernel's read-ahead, and the large one again through `O_DIRECT`, which the kernel sends as
+/// it comes.
 #[test]
 fn a_read_only_mount_is_read_without_opens_flushes_or_releases() {
     let env = Env::new(BUCKET);
@@ -420,32 +421,39 @@ fn a_read_only_mount_is_read_without_opens_flushes_or_releases() {
     }
     let big = data(77, 6 * 1024 * 1024 + 4096);
     env.put(BUCKET, "big.bin", &big);
-    let mnt = tempfile::tempdir().expect("tempdir");
-    let addr = format!("127.0.0.1:{}", free_port());
-    let child = mount_daemon(&env, mnt.path(), &addr, &["--read-only"]);
-    for (i, bytes) in small.iter().enumerate() {
-        let got = std::fs::read(mnt.path().join(format!("small/{i:02}.bin"))).expect("read");
-        assert!(got == *bytes, "small/{i:02}.bin differs");
-    }
-    assert!(std::fs::read(mnt.path().join("big.bin")).expect("read") == big);
-    let direct = read_direct(&mnt.path().join("big.bin"));
-    assert!(direct == big, "O_DIRECT read differs");
-    let s = scrape(&addr);
-    stop_daemon(child);
+    // `--read-only`, and `-o ro` as an fstab line gives it.
+    for how in [&["--read-only"][..], &["-o", "ro"][..]] {
+        let mnt = tempfile::tempdir().expect("tempdir");
+        let addr = format!("127.0.0.1:{}", free_port());
+        let child = mount_daemon(&env, mnt.path(), &addr, how);
+        for (i, bytes) in small.iter().enumerate() {
+            let got = std::fs::read(mnt.path().join(format!("small/{i:02}.bin"))).expect("read");
+            assert!(got == *bytes, "{how:?}: small/{i:02}.bin differs");
+        }
+        assert!(std::fs::read(mnt.path().join("big.bin")).expect("read") == big);
+        let direct = read_direct(&mnt.path().join("big.bin"));
+        assert!(direct == big, "{how:?}: O_DIRECT read differs");
+        let s = scrape(&addr);
+        stop_daemon(child);
 
-    let m = parse(&s).unwrap_or_else(|e| panic!("scrape: {e}\n{s}"));
-    let requests = |op| m.sum("rapidfs_fuse_requests_total", &[("op", op)]);
-    assert_eq!(requests("open"), 1.0, "{s}");
-    assert_eq!(requests("flush"), 1.0, "{s}");
-    assert_eq!(requests("release"), 0.0, "{s}");
-    let refused = |op| {
-        m.get(
-            "rapidfs_fuse_errors_total",
-            &[("op", op), ("errno", "ENOSYS")],
-        )
-    };
-    assert_eq!((refused("open"), refused("flush")), (1.0, 1.0), "{s}");
-    assert!(requests("read") >= 40.0 + 2.0 * 6.0, "{s}");
+        let m = parse(&s).unwrap_or_else(|e| panic!("scrape: {e}\n{s}"));
+        let requests = |op| m.sum("rapidfs_fuse_requests_total", &[("op", op)]);
+        assert_eq!(requests("open"), 1.0, "{how:?}: {s}");
+        assert_eq!(requests("flush"), 1.0, "{how:?}: {s}");
+        assert_eq!(requests("release"), 0.0, "{how:?}: {s}");
+        let refused = |op| {
+            m.get(
+                "rapidfs_fuse_errors_total",
+                &[("op", op), ("errno", "ENOSYS")],
+            )
+        };
+        assert_eq!(
+            (refused("open"), refused("flush")),
+            (1.0, 1.0),
+            "{how:?}: {s}"
+        );
+        assert!(requests("read") >= 40.0 + 2.0 * 6.0, "{how:?}: {s}");
+    }
 }
 
 /// Reads `path` whole with `O_DIRECT`, in aligned 1 MiB requests.
