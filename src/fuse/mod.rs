@@ -8,9 +8,9 @@
 //! than the answer. The tasks run on the runtime's workers, or, on a machine of few cores,
 //! on the FUSE thread itself between requests (`Driver`, `driven.rs`). A read-only mount
 //! tells the kernel not to send opens, flushes and releases of files at all (`skip_open`).
-//! No filesystem logic
-//! lives here: only type conversions and the init negotiation; `session.rs` mounts and
-//! unmounts, `fusermount.rs` speaks fusermount3 and receives passed descriptors.
+//! No filesystem logic lives here: only type conversions and the init negotiation;
+//! `session.rs` mounts and unmounts, `fusermount.rs` speaks fusermount3 and receives passed
+//! descriptors.
 
 use crate::fs::{Attr, DirItem, Entry, Errno as FsErrno, Fs, FsResult, Kind, Opened, SetAttr};
 use fuser::{
@@ -113,10 +113,10 @@ impl Drop for Turn<'_> {
 }
 
 /// FUSE `max_background` and `congestion_threshold` for a machine of `cores` cores: 16
-/// requests a core, at least `MIN_BACKGROUND`. Past the congestion threshold (three quarters) the kernel
-/// drops read-ahead rather than queue it. Measured against gcsfuse's formula (twice the
-/// cores, at least 12) on a 2-core machine: 1.25x the sequential read, 1.14x four readers,
-/// 1.20x a safetensors load, the same small-file and random-read figures.
+/// requests a core, at least `MIN_BACKGROUND`. Past the congestion threshold (three
+/// quarters) the kernel drops read-ahead rather than queue it. Measured against gcsfuse's
+/// formula (twice the cores, at least 12) on a 2-core machine: 1.25x the sequential read,
+/// 1.14x four readers, 1.20x a safetensors load, the same small-file and random-read figures.
 fn background_limits(cores: usize) -> (u16, u16) {
     let background =
         u16::try_from((cores * BACKGROUND_PER_CORE).max(MIN_BACKGROUND)).unwrap_or(u16::MAX);
