@@ -207,7 +207,8 @@ fn super_options(path: &std::path::Path) -> String {
 
 /// The kernel checks modes only where a mode could refuse the one user it lets in (the
 /// owner, without `allow_other`): not with the default modes, yes with files the owner may
-/// not write. Either way a file without an execute bit is not executed.
+/// not write. Either way a file without an execute bit is neither executed nor said to be
+/// executable.
 #[test]
 fn modes_are_checked_by_the_kernel_only_where_they_could_refuse_the_owner() {
     let env = Env::new(BUCKET);
@@ -226,6 +227,19 @@ fn modes_are_checked_by_the_kernel_only_where_they_could_refuse_the_owner() {
             .status()
             .expect_err("a file without an execute bit runs");
         assert_eq!(err.kind(), std::io::ErrorKind::PermissionDenied, "{err}");
+        // `test -x` agrees: the kernel answers `access` itself where it checks modes, and
+        // asks the daemon where it does not.
+        let tool = CString::new(m.p("tool").into_os_string().into_encoded_bytes()).expect("path");
+        // SAFETY: a NUL-terminated path that outlives the call.
+        let runs = unsafe { libc::access(tool.as_ptr(), libc::X_OK) };
+        let errno = std::io::Error::last_os_error().raw_os_error();
+        assert_eq!(
+            (runs, errno),
+            (-1, Some(libc::EACCES)),
+            "file mode {file_mode:o}"
+        );
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::access(tool.as_ptr(), libc::R_OK) }, 0);
     }
 }
 

@@ -357,12 +357,12 @@ impl Fs {
     }
 
     /// Whether the modes reported give the user who mounted (the only user the kernel lets in
-    /// without `allow_other`) read and write on every file and everything on every directory.
+    /// without `allow_other`) all a mode check could: see `modes_give_all`.
     pub fn owner_may_do_all(&self) -> bool {
         let i = &self.inner;
         // SAFETY: getuid cannot fail and touches no memory.
         let mounter = unsafe { libc::getuid() };
-        i.uid == mounter && i.file_mode & 0o600 == 0o600 && i.dir_mode & 0o700 == 0o700
+        modes_give_all(i.uid, mounter, i.file_mode, i.dir_mode)
     }
 
     /// True on a read-only mount: the kernel is told not to open files (FUSE `no_open`), so a
@@ -479,14 +479,32 @@ impl Fs {
         }
     }
 
-    /// `access(2)`: existence, and writing unless the mount is read-only.
-    pub fn access(&self, ino: u64, want_write: bool) -> FsResult<()> {
-        self.inode(ino)?;
+    /// `access(2)`, which the kernel asks only where it checks no modes itself (see
+    /// `owner_may_do_all`), for the one user it lets in: existence, writing unless the mount
+    /// is read-only, and running a file only when its mode has an execute bit, as the kernel
+    /// decides `exec` itself.
+    pub fn access(&self, ino: u64, want_write: bool, want_exec: bool) -> FsResult<()> {
+        let inode = self.inode(ino)?;
+        if want_exec && inode.kind == Kind::File && self.inner.file_mode & 0o111 == 0 {
+            return Err(Errno(libc::EACCES));
+        }
         if want_write {
             return self.may_write();
         }
         Ok(())
     }
+}
+
+/// Whether files of mode `file_mode` and directories of mode `dir_mode`, owned by `owner`,
+/// give user `mounter` all that a check of the modes could: read and write on files, running
+/// a file exactly when any execute bit is set (the rule the kernel applies to `exec` with or
+/// without a mode check, and `access` here), everything on directories.
+fn modes_give_all(owner: u32, mounter: u32, file_mode: u16, dir_mode: u16) -> bool {
+    let runs_as_exec_decides = file_mode & 0o111 == 0 || file_mode & 0o100 != 0;
+    owner == mounter
+        && file_mode & 0o600 == 0o600
+        && runs_as_exec_decides
+        && dir_mode & 0o700 == 0o700
 }
 
 impl std::fmt::Debug for Fs {
@@ -540,5 +558,28 @@ mod tests {
         let again = fs.inner.sb.whole_listing("d/").await.expect("listed");
         assert!(Arc::ptr_eq(&first, &again));
         assert_eq!(emu.stats().list_calls, 1);
+    }
+
+    #[test]
+    fn the_mounter_is_given_all_only_by_its_own_full_modes() {
+        assert!(modes_give_all(1000, 1000, 0o644, 0o755));
+        assert!(modes_give_all(0, 0, 0o600, 0o700));
+        assert!(
+            modes_give_all(1000, 1000, 0o755, 0o700),
+            "runs as exec decides"
+        );
+        assert!(!modes_give_all(1234, 1000, 0o644, 0o755), "another owner");
+        assert!(
+            !modes_give_all(1000, 1000, 0o444, 0o755),
+            "files not writable"
+        );
+        assert!(
+            !modes_give_all(1000, 1000, 0o645, 0o755),
+            "others may run, the owner not"
+        );
+        assert!(
+            !modes_give_all(1000, 1000, 0o644, 0o600),
+            "directories not searchable"
+        );
     }
 }

@@ -898,7 +898,11 @@ impl Filesystem for FuseAdapter {
     fn access(&self, _req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
         let _turn = self.turn();
         let t0 = Instant::now();
-        let allowed = self.fs.access(ino.0, mask.contains(AccessFlags::W_OK));
+        let allowed = self.fs.access(
+            ino.0,
+            mask.contains(AccessFlags::W_OK),
+            mask.contains(AccessFlags::X_OK),
+        );
         match metered("access", t0, allowed, nothing) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(e)),

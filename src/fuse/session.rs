@@ -36,9 +36,9 @@ pub struct MountSettings {
 /// give the user who mounts read and write on files and everything on directories
 /// (`Fs::owner_may_do_all`).
 ///
-/// Without `allow_other` or `allow_root` the kernel lets only that user in, so a check of
-/// the modes could refuse nothing (a file without an execute bit is still refused `exec`:
-/// the kernel checks that in any case) and is left out. It was not free: every create,
+/// Without `allow_other` the kernel lets only that user in, so a check of the modes could
+/// refuse nothing (a file without an execute bit is still refused `exec`: the kernel checks
+/// that in any case, and `access` asks `Fs::access`) and is left out. It was not free: every create,
 /// unlink or rename in a directory drops the directory's attributes in the kernel, and the
 /// next check in that directory asked for them again, a GETATTR per small file written.
 fn mount_config(settings: &MountSettings, owner_may_do_all: bool) -> fuser::Config {
@@ -69,10 +69,6 @@ fn mount_config(settings: &MountSettings, owner_may_do_all: bool) -> fuser::Conf
             "atime" => atime = MountOption::Atime,
             "noatime" => atime = MountOption::NoAtime,
             "auto_unmount" => opts.push(MountOption::AutoUnmount),
-            "allow_root" => {
-                check_modes = true;
-                opts.push(MountOption::CUSTOM(o.clone()));
-            }
             "exec" => opts.push(MountOption::Exec),
             "noexec" => opts.push(MountOption::NoExec),
             "sync" => opts.push(MountOption::Sync),
@@ -360,7 +356,6 @@ mod tests {
         );
         assert!(checks_modes(true, &[], true), "other users let in");
         assert!(checks_modes(false, &["allow_other"], true));
-        assert!(checks_modes(false, &["allow_root"], true));
         assert!(
             checks_modes(false, &["default_permissions"], true),
             "asked for"
