@@ -84,12 +84,11 @@ struct FuseAdapter {
     driven: Option<Arc<Driven>>,
     /// The buffers that full-size writes' bytes are copied into.
     write_buffers: Arc<WriteBuffers>,
-    /// The kernel mount is read-only (so the kernel refuses every open for writing itself).
-    kernel_read_only: bool,
-    /// Files are read without an open (`Fs::skips_open`, the kernel mount is read-only, and
-    /// the kernel said at `init` that it opens files itself when told to: one that does not
-    /// would fail every open): `open` and `flush` answer ENOSYS, which the kernel remembers
-    /// for the rest of the mount.
+    /// Files are read without an open (`Fs::skips_open`, the kernel mount is read-only so the
+    /// kernel refuses every open for writing itself, and the kernel said at `init` that it
+    /// opens files itself when told to: one that does not would fail every open): `open` and
+    /// `flush` answer ENOSYS, which the kernel remembers for the rest of the mount. Until
+    /// `init`, whether the first two hold.
     skip_open: bool,
 }
 
@@ -202,8 +201,7 @@ impl FuseAdapter {
         // for less) sends none of that size, and nothing is recycled.
         let keep_free = (fs.write_budget_bytes() / 2).min(KEEP_FREE_WRITE_BUFFERS) as usize;
         let adapter = FuseAdapter {
-            kernel_read_only,
-            skip_open: false,
+            skip_open: fs.skips_open() && kernel_read_only,
             fs,
             rt,
             driven: driven.clone(),
@@ -336,8 +334,7 @@ impl Filesystem for FuseAdapter {
                 tracing::debug!(?missing, "kernel lacks a FUSE capability");
             }
         }
-        self.skip_open = self.fs.skips_open()
-            && self.kernel_read_only
+        self.skip_open = self.skip_open
             && config
                 .capabilities()
                 .contains(InitFlags::FUSE_NO_OPEN_SUPPORT);
