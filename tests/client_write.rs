@@ -189,3 +189,41 @@ async fn unpersisted_bytes_stay_within_the_write_buffer() {
     assert_eq!(m.size, src.len() as u64);
     assert!(read_all(&c, "bounded").await == src);
 }
+
+/// A create that does not wait for its answer sends nothing of its own: a small file's
+/// create, bytes and closing flush go out together at its close, while a file past the
+/// first 256 KiB streams its bytes (and its create) before any flush.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unanswered_create_goes_out_with_the_first_bytes_sent() {
+    let emu = emulator(Faults::default()).await;
+    let c = client(&emu).await;
+    let small = data(64 * 1024, 3);
+    let mut w = c.create_appendable_unanswered(BUCKET, "small");
+    w.append(small.clone()).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    assert_eq!(
+        emu.stats().write_streams,
+        0,
+        "nothing sent before the close"
+    );
+    assert!(c.get_object(BUCKET, "small").await.is_err());
+    let m = w.close().await.unwrap();
+    assert_eq!(m.size, small.len() as u64);
+    assert_eq!(emu.stats().write_streams, 1);
+    assert!(read_all(&c, "small").await == small);
+
+    let big = data(MIB, 4);
+    let mut w = c.create_appendable_unanswered(BUCKET, "big");
+    w.append(big.clone()).await.unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while emu.stats().bytes_received < (small.len() + big.len()) as u64 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the bytes stream before any flush"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert_eq!(emu.stats().write_streams, 2);
+    w.close().await.unwrap();
+    assert!(read_all(&c, "big").await == big);
+}

@@ -1,12 +1,12 @@
 //! Files created through this mount whose create the service may not have seen yet: a
-//! create without O_EXCL goes out without waiting for its answer (see `Fs::create`), so a
-//! listing asked for right after it can overtake it on its way and come back without the
-//! file. Every listing fetched is completed with the files that were pending when it was
-//! asked for and that it lacks, as long as their name still leads to them. What must find
-//! them at the service (a rename onto one, an unlink, the fsync, removal or rename of their
-//! directory) waits for their answers first. A file counts as pending from its create to
-//! the first release of a handle writing it, by which time its create has been answered (or
-//! has failed, and the file is gone with its writer).
+//! create without O_EXCL goes out with the file's first bytes or flush, without waiting for
+//! its answer (see `Fs::create`), so a listing asked for before then, or while it is on its
+//! way, comes back without the file. Every listing fetched is completed with the files that
+//! were pending when it was asked for and that it lacks, as long as their name still leads
+//! to them. What must find them at the service (a rename onto one, an unlink, the fsync,
+//! removal or rename of their directory) waits for their answers first. A file counts as
+//! pending from its create to the first release of a handle writing it, by which time its
+//! create has been answered (or has failed, and the file is gone with its writer).
 //!
 //! Touches only the inodes it is given and the listings it is handed.
 

@@ -59,7 +59,7 @@ impl Fs {
         let created = if exclusive {
             i.client.create_appendable(&i.bucket, &key, Some(0)).await
         } else {
-            i.client.create_appendable_unanswered(&i.bucket, &key).await
+            Ok(i.client.create_appendable_unanswered(&i.bucket, &key))
         };
         let w = created.map_err(|e| match e {
             crate::gcs::Error::PreconditionFailed(_) if exclusive => Errno(libc::EEXIST),

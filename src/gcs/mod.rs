@@ -159,13 +159,10 @@ impl Client {
     }
 
     /// New appendable object, replacing any object of that name, without waiting for the
-    /// service to answer the create (see `AppendWriter::create_unanswered`).
-    pub async fn create_appendable_unanswered(
-        &self,
-        bucket: &str,
-        object: &str,
-    ) -> Result<AppendWriter> {
-        AppendWriter::create_unanswered(self.clone(), bucket, object).await
+    /// service to answer the create, which goes out with the first message after it (see
+    /// `AppendWriter::create_unanswered`).
+    pub fn create_appendable_unanswered(&self, bucket: &str, object: &str) -> AppendWriter {
+        AppendWriter::create_unanswered(self.clone(), bucket, object)
     }
 
     /// Takes over an unfinalized appendable object (fences any earlier writer).

@@ -24,6 +24,11 @@ use tonic::{Code, Status};
 
 /// The wire limit of one data message.
 pub(crate) const MAX_CHUNK: usize = 2 * 1024 * 1024;
+/// Appended bytes wait in the writer until this many are unsent (or a flush, close or
+/// finish takes them): a small file's bytes then leave with its create and its closing
+/// flush in one write to the socket, and the service wakes once for the file, not three
+/// times. Larger files stream as before, their close waiting for at most this much more.
+const SEND_AT_LEAST: u64 = 256 * 1024;
 const REDIRECT_TYPE: &str = "google.storage.v2.BidiWriteObjectRedirectedError";
 
 /// Why an attempt failed: the stream (worth a reconnect, maybe) or for good. Shared by the
@@ -83,6 +88,10 @@ pub struct AppendWriter {
     /// The spec of a create sent without waiting for its answer: sent again when the stream
     /// breaks before the answer came, since whether the object exists is then unknown.
     unanswered_create: Option<WriteObjectSpec>,
+    /// The create of `create_unanswered` has not gone out yet: the stream opens with the
+    /// first message that does, so the create, the first bytes and (for a small file) the
+    /// closing flush leave in one write to the socket.
+    unopened: bool,
 }
 
 impl AppendWriter {
@@ -103,40 +112,44 @@ impl AppendWriter {
     }
 
     /// Creates (or replaces: no precondition) the appendable object without waiting for the
-    /// service's answer: the spec goes out and appends may follow it at once, so a create
-    /// costs no round trip. `generation` stays 0, and `flush` does not return, until the
-    /// answer has come; a stream broken before it sends the spec again, and the data after it.
-    pub(crate) async fn create_unanswered(
-        client: Client,
-        bucket: &str,
-        object: &str,
-    ) -> Result<AppendWriter> {
+    /// service's answer: the spec goes out with the first message sent after it (bytes, a
+    /// flush or the close), so a create costs no round trip and no write to the socket of
+    /// its own. `generation` stays 0, and `flush` does not return, until the answer has
+    /// come; a stream broken before it sends the spec again, and the data after it.
+    pub(crate) fn create_unanswered(client: Client, bucket: &str, object: &str) -> AppendWriter {
         let mut w = AppendWriter::new(client, bucket, object, 0);
-        let spec = WriteObjectSpec {
-            appendable: Some(true),
-            ..super::write_spec(bucket, object, None, Default::default())
-        };
         w.crc = Some(0);
         w.answered = false;
-        w.unanswered_create = Some(spec.clone());
+        w.unopened = true;
+        w.unanswered_create = Some(WriteObjectSpec {
+            appendable: Some(true),
+            ..super::write_spec(bucket, object, None, Default::default())
+        });
+        w
+    }
+
+    /// Opens the stream of `create_unanswered` with its spec, without waiting for the answer.
+    async fn open_unanswered(&mut self) -> Attempt<()> {
+        self.unopened = false;
+        let Some(spec) = self.unanswered_create.clone() else {
+            return Ok(());
+        };
         crate::metrics::stream("write", crate::metrics::StreamEvent::from_reopen(false));
         let msg = BidiWriteObjectRequest {
             first_message: Some(FirstMessage::WriteObjectSpec(spec)),
             write_offset: 0,
             ..Default::default()
         };
-        let timeout = Duration::from_millis(w.client.config().call_timeout_ms);
+        let timeout = Duration::from_millis(self.client.config().call_timeout_ms);
         let opened = tokio::time::timeout(
             timeout,
-            stream::write(w.client.streams(), bucket, None, &msg),
+            stream::write(self.client.streams(), &self.bucket, None, &msg),
         )
         .await
-        .unwrap_or_else(|_| Err(Status::deadline_exceeded("write stream open timed out")));
-        match opened {
-            Ok((tx, rx)) => w.conn = Some(Conn { tx, rx }),
-            Err(s) => w.recover(Fail::Stream(s)).await?,
-        }
-        Ok(w)
+        .unwrap_or_else(|_| Err(Status::deadline_exceeded("write stream open timed out")))?;
+        let (tx, rx) = opened;
+        self.conn = Some(Conn { tx, rx });
+        Ok(())
     }
 
     pub(crate) async fn takeover(
@@ -181,6 +194,7 @@ impl AppendWriter {
             dead: None,
             answered: true,
             unanswered_create: None,
+            unopened: false,
             client,
         }
     }
@@ -201,8 +215,9 @@ impl AppendWriter {
         self.persisted
     }
 
-    /// Queues data (split into <= 2 MiB CRC32C-checked chunks); returns once it is handed to
-    /// the stream; applies back-pressure when too much is unpersisted (bounded buffer).
+    /// Queues data (split into <= 2 MiB CRC32C-checked chunks), handed to the stream once
+    /// `SEND_AT_LEAST` bytes wait (or by the next flush, close or finish); applies
+    /// back-pressure when too much is unpersisted (bounded buffer).
     pub async fn append(&mut self, data: Bytes) -> Result<()> {
         self.check_dead()?;
         let mut rest = data;
@@ -221,7 +236,9 @@ impl AppendWriter {
                 .map(|c| super::crc32c_concat(c, before, piece_crc, piece.len()));
             self.pending.push(piece, piece_crc);
             self.written += len;
-            self.pump().await?;
+            if self.written - self.sent >= SEND_AT_LEAST {
+                self.pump().await?;
+            }
         }
         Ok(())
     }
@@ -461,6 +478,23 @@ impl AppendWriter {
 
     /// Sends one message, taking in responses that arrive while the queue is full.
     async fn send(&mut self, msg: BidiWriteObjectRequest) -> Attempt<()> {
+        if self.unopened {
+            self.open_unanswered().await?;
+        }
+        // A message that leaves little queued (a flush, a close, the first bytes of a small
+        // file) goes out without waiting for the stream's capacity: waiting would hand the
+        // connection's task each message in its own write to the socket.
+        let bytes = msg
+            .data
+            .as_ref()
+            .map_or(0, |Data::ChecksummedData(d)| d.content.len());
+        let queued_after = self.sent.saturating_sub(self.persisted) + bytes as u64;
+        if bytes == 0 || queued_after <= SEND_AT_LEAST {
+            let Some(conn) = self.conn.as_mut() else {
+                return Err(Status::unavailable("no write stream").into());
+            };
+            return Ok(conn.tx.send_write(msg)?);
+        }
         loop {
             let Some(conn) = self.conn.as_mut() else {
                 return Err(Status::unavailable("no write stream").into());

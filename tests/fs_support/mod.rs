@@ -8,7 +8,7 @@ mod mount_support;
 
 use mount_support::Env;
 use rapidfs::config::Config;
-use rapidfs::emulator::{Emulator, Faults};
+use rapidfs::emulator::Emulator;
 use rapidfs::fs::{Fs, ROOT_INO};
 use rapidfs::gcs::Client;
 
@@ -58,24 +58,14 @@ impl FsEnv {
         (st.list_calls, st.get_object_calls)
     }
 
-    /// Creates `name` in directory `parent` while the service refuses the create's stream,
-    /// and returns its handle once the refusal is in: the service has not seen the file,
-    /// whose writer sends the create again at its first flush.
+    /// Creates `name` in directory `parent` and returns its handle, the service not having
+    /// seen the file: a create goes out with the first message its writer sends.
     pub async fn create_unseen(&self, parent: u64, name: &str) -> u64 {
-        self.emu().set_faults(Faults {
-            unavailable_every: Some(1),
-            ..Faults::default()
-        });
-        let injected = self.emu().stats().faults_injected;
         let (_, opened) = self
             .fs
             .create(parent, name, libc::O_WRONLY)
             .await
             .expect("create");
-        while self.emu().stats().faults_injected == injected {
-            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-        }
-        self.emu().set_faults(Faults::default());
         opened.fh
     }
 
