@@ -343,9 +343,8 @@ fn a_directory_past_the_listing_pages_stays_probed() {
     });
 }
 
-/// A create without O_EXCL does not wait for the service, so a listing asked for right after
-/// it can come back without the file; the listing still shows it. Here the create's stream
-/// is refused, so the service has not seen the file when the directory is listed.
+/// A create without O_EXCL goes out with the file's first flush, so a listing asked for
+/// before then comes back without the file; the listing still shows it.
 #[test]
 fn a_listing_that_overtakes_a_create_still_shows_the_file() {
     let env = FsEnv::new("b", |_| {});

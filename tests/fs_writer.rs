@@ -371,6 +371,7 @@ fn a_create_not_yet_answered_is_made_good_by_the_first_flush() {
         );
 
         // Streams refused at their open: the create goes out again, then the bytes.
+        let refused = env.emu().stats().faults_injected;
         env.emu().set_faults(Faults {
             unavailable_every: Some(2),
             ..Faults::default()
@@ -388,6 +389,10 @@ fn a_create_not_yet_answered_is_made_good_by_the_first_flush() {
             fs.release_write(h.fh).await;
         }
         env.emu().set_faults(Faults::default());
+        assert!(
+            env.emu().stats().faults_injected > refused,
+            "some creates were refused"
+        );
         for n in 0..6u8 {
             let name = format!("f{n}");
             let r = env
@@ -619,5 +624,36 @@ fn writes_racing_a_rename_of_their_file_all_land_under_the_new_name() {
             stored.len(),
             want.len()
         );
+    });
+}
+
+/// A file created and written here but not flushed yet is not at the service (its create
+/// goes out with its first flush): its name and its attributes still come from this mount,
+/// with stat and listing TTLs of 0, which would otherwise ask the service every time.
+#[test]
+fn a_created_file_not_yet_at_the_service_is_found_and_statted_here() {
+    let env = FsEnv::new("b", |c| {
+        c.fs.stat_ttl_ms = 0;
+        c.fs.list_ttl_ms = 0;
+    });
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let (entry, h) = fs
+            .create(ROOT_INO, "f", libc::O_WRONLY)
+            .await
+            .expect("create");
+        fs.write(h.fh, 0, b"hello".to_vec().into())
+            .await
+            .expect("write");
+        assert!(
+            env.client.get_object("b", "f").await.is_err(),
+            "not at the service yet"
+        );
+        assert_eq!(fs.getattr(entry.attr.ino).await.expect("getattr").size, 5);
+        let found = fs.lookup(ROOT_INO, "f").await.expect("lookup");
+        assert_eq!((found.attr.ino, found.attr.size), (entry.attr.ino, 5));
+        fs.flush(h.fh).await.expect("flush");
+        fs.release_write(h.fh).await;
+        assert_eq!(env.client.get_object("b", "f").await.expect("f").size, 5);
     });
 }

@@ -310,6 +310,9 @@ impl Superblock {
         if let Some(found) = self.listed(&dir, name) {
             return found;
         }
+        if let Some(pending) = self.pending_file(&names::file_key(&dir.key(), name)) {
+            return Ok(pending);
+        }
         let neg_key = (parent, name.to_string());
         if self
             .negative
@@ -679,10 +682,16 @@ impl Superblock {
         self.inodes.peek_ino(key, kind)
     }
 
-    /// Current metadata of a file or link, fetched again once older than the stat TTL.
+    /// Current metadata of a file or link, fetched again once older than the stat TTL. A
+    /// file whose create is pending is known only here: the service would not find it.
     pub(super) async fn fresh_meta(&self, inode: &Inode) -> FsResult<ObjMeta> {
         if let Some(m) = self.cached_meta(inode) {
             return Ok(m);
+        }
+        if let (Some(m), _) = inode.meta() {
+            if self.unanswered.holds(inode.ino) {
+                return Ok(m);
+            }
         }
         let asked = Instant::now();
         let meta = self
@@ -907,6 +916,15 @@ impl Superblock {
             self.unanswered.add(&inode);
         }
         inode
+    }
+
+    /// The inode file `key` names while its create is pending (see `unanswered.rs`),
+    /// counting one kernel lookup: the service would not find it.
+    fn pending_file(&self, key: &str) -> Option<Inode> {
+        let named = self.inodes.find(key, Kind::File)?;
+        self.unanswered
+            .holds(named.ino)
+            .then(|| self.inodes.lookup(key, Kind::File, None))
     }
 
     /// Files in directory `dkey` or below whose create the service may not have seen yet.

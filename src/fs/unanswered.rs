@@ -3,7 +3,8 @@
 //! its answer (see `Fs::create`), so a listing asked for before then, or while it is on its
 //! way, comes back without the file. Every listing fetched is completed with the files that
 //! were pending when it was asked for and that it lacks, as long as their name still leads
-//! to them. What must find them at the service (a rename onto one, an unlink, the fsync,
+//! to them. Their lookups and attributes are answered here, not asked of the service, which
+//! would not find them. What must find them at the service (a rename onto one, an unlink, the fsync,
 //! removal or rename of their directory) waits for their answers first. A file counts as
 //! pending from its create to the first release of a handle writing it, by which time its
 //! create has been answered (or has failed, and the file is gone with its writer).
@@ -36,6 +37,11 @@ impl Unanswered {
         if !files.is_empty() {
             files.remove(&inode.ino);
         }
+    }
+
+    /// Whether file `ino` is pending: the service may not know it, so only this mount does.
+    pub fn holds(&self, ino: u64) -> bool {
+        lock(&self.files).contains_key(&ino)
     }
 
     /// The files pending in directory `dkey` now: taken before its listing is asked for.

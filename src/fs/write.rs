@@ -2,7 +2,8 @@
 //! for writing, streaming sequential appends into one `BidiWriteObject` stream, or, when the
 //! file is not written as appends, editing a local staged copy uploaded as a new generation.
 //!
-//! A writer starts `Open` (a file just created: its stream exists) or `Idle` (an existing
+//! A writer starts `Open` (a file just created: its stream opens with its first bytes or
+//! flush) or `Idle` (an existing
 //! object opened for writing: nothing happens until the first write; one at the end of an
 //! unfinalized object takes the object over and streams). A write anywhere else, a size
 //! change, or an append to a finalized object turns the writer `Staged` (see `staging.rs`):
