@@ -465,3 +465,47 @@ async fn a_killed_emulator_keeps_every_acknowledged_object() {
     let log = c.get_object("b", "log").await.unwrap();
     assert_eq!((log.size, log.finalized), (3 << 20, false));
 }
+
+/// A client that sends its first flush without waiting for the answer to its create (the
+/// mount does, for a small file) is answered, in order, once the object is durable: after a
+/// restart it is there, unfinalized, with every byte flushed, whether it had bytes or not.
+#[tokio::test]
+async fn a_create_sent_on_with_its_first_flush_is_recorded_before_it_is_answered() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("b")).unwrap();
+    let data = pattern(64 << 10, 5);
+    let cases = [("with-bytes", data.clone()), ("empty", Bytes::new())];
+    {
+        let emu = directory(dir.path()).await;
+        let mut c = client(&emu).await;
+        for (name, bytes) in &cases {
+            let (tx, rx) = tokio::sync::mpsc::channel(8);
+            tx.send(create_msg("b", name, None)).await.unwrap();
+            if !bytes.is_empty() {
+                tx.send(data_msg(0, bytes.clone())).await.unwrap();
+            }
+            tx.send(lookup_msg(bytes.len() as u64)).await.unwrap();
+            drop(tx);
+            let mut rx = c
+                .bidi_write_object(routed("b", tokio_stream::wrappers::ReceiverStream::new(rx)))
+                .await
+                .unwrap()
+                .into_inner();
+            let (created, _) = resource_of(&rx.message().await.unwrap().unwrap());
+            assert_eq!(created.size, 0, "{name}: the create's answer comes first");
+            for _ in 0..2 {
+                let answer = rx.message().await.unwrap().unwrap();
+                assert_eq!(persisted_of(&answer), bytes.len() as i64, "{name}");
+            }
+        }
+        emu.shutdown().await;
+    }
+    let emu = directory(dir.path()).await;
+    let mut c = client(&emu).await;
+    for (name, bytes) in &cases {
+        let o = get(&mut c, "b", name).await.unwrap();
+        assert_eq!(o.size, bytes.len() as i64, "{name}");
+        assert!(o.finalize_time.is_none(), "{name}: still appendable");
+        assert_eq!(read_all(&mut c, "b", name).await, bytes[..], "{name}");
+    }
+}

@@ -24,6 +24,9 @@ pub(crate) enum Touched<'a> {
     Names(&'a [&'a str]),
     /// Anything: a folder renamed, files found changed on disk.
     All,
+    /// Nothing yet: a create the client did not wait for, recorded (and made durable) by the
+    /// next save, which comes before anything about the object is answered.
+    Later,
 }
 
 /// An object's custom metadata (`Object.metadata`): key-value pairs its writer set.
@@ -105,8 +108,9 @@ pub(crate) trait Backend: Send + Sync {
     ) -> Result<bool, Status>;
     /// Makes room for a new bucket.
     fn create_bucket(&self, bucket: &str) -> Result<(), Status>;
-    /// Storage for a new empty generation of `name`, installed at once (replacing the old).
-    fn new_appendable(&self, bucket: &str, name: &str) -> Result<Data, Status>;
+    /// Storage for a new empty generation of `name`, installed at once (replacing the old);
+    /// durable now, or (`durable` false, a name nothing holds) by the next `save`.
+    fn new_appendable(&self, bucket: &str, name: &str, durable: bool) -> Result<Data, Status>;
     /// Stores complete bytes as the new generation of `name` (replacing the old).
     fn materialize(
         &self,
@@ -299,20 +303,28 @@ impl Store {
         self.with_bucket(bucket, Refresh::Prefix(prefix), |b| Ok(f(b)))
     }
 
-    /// Creates a new empty appendable generation, with `metadata`, owned by a new writer.
+    /// Creates a new empty appendable generation, with `metadata`, owned by a new writer:
+    /// durable at once, or (`durable` false, for a new name) by the writer's first persist,
+    /// which must then come before the create is answered.
     pub fn create_appendable(
         &self,
         bucket: &str,
         name: &str,
         pre: Preconditions,
         metadata: CustomMetadata,
+        durable: bool,
     ) -> Result<(Entry, ContentWriter), Status> {
         self.check_name(name)?;
         check_custom_metadata(&metadata)?;
-        self.mutate(bucket, Refresh::One(name), Touched::Names(&[name]), |b| {
+        let touched = if durable {
+            Touched::Names(&[name])
+        } else {
+            Touched::Later
+        };
+        self.mutate(bucket, Refresh::One(name), touched, |b| {
             pre.check(live(b, name))?;
             check_not_folder(b, name)?;
-            let data = self.backend.new_appendable(bucket, name)?;
+            let data = self.backend.new_appendable(bucket, name, durable)?;
             let now = SystemTime::now();
             let token = self.next_token();
             let content = Content::new(
