@@ -19,7 +19,7 @@ use std::io::{self, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tonic::Status;
 
@@ -32,10 +32,6 @@ pub(crate) struct DirectoryBackend {
     tmp: PathBuf,
     tmp_counter: AtomicU64,
     journals: Journals,
-    /// Directories that gained a name not yet made durable (a create the client did not wait
-    /// for); the next `save` syncs them before it writes its records. Every change is saved
-    /// under the store's one lock, so that save comes before the create is answered.
-    unsynced_dirs: Mutex<Vec<PathBuf>>,
 }
 
 /// What the metadata file keeps of one object.
@@ -102,10 +98,6 @@ fn fsync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 impl DirectoryBackend {
     /// A backend over `root` (which must exist).
     pub fn new(root: PathBuf) -> anyhow::Result<DirectoryBackend> {
@@ -122,7 +114,6 @@ impl DirectoryBackend {
             root,
             tmp,
             tmp_counter: AtomicU64::new(0),
-            unsynced_dirs: Mutex::new(Vec::new()),
         })
     }
 
@@ -143,44 +134,19 @@ impl DirectoryBackend {
         Ok(())
     }
 
-    /// Renames a finished temporary file onto `dest` durably, or (`durable` false) leaves
-    /// its directory for the next `save` to sync. A file replaced is always synced away at
-    /// once: after a crash the old file's record must not meet a half-made new one.
-    fn install(&self, tmp: &Path, dest: &Path, durable: bool) -> Result<(), Status> {
+    /// Renames a finished temporary file onto `dest` durably.
+    fn install(&self, tmp: &Path, dest: &Path) -> Result<(), Status> {
         self.make_parents(dest)?;
-        let replacing = match fs::symlink_metadata(dest) {
-            Ok(m) if m.is_dir() => {
-                let _ = fs::remove_file(tmp);
-                return Err(Status::failed_precondition(format!(
-                    "{} is a directory (a folder is in the way)",
-                    dest.display()
-                )));
-            }
-            Ok(_) => true,
-            Err(_) => false,
-        };
+        if dest.is_dir() {
+            let _ = fs::remove_file(tmp);
+            return Err(Status::failed_precondition(format!(
+                "{} is a directory (a folder is in the way)",
+                dest.display()
+            )));
+        }
         fs::rename(tmp, dest).map_err(|e| io_status("rename into", dest, e))?;
-        let Some(parent) = dest.parent() else {
-            return Ok(());
-        };
-        if durable || replacing {
-            return fsync_dir(parent).map_err(|e| io_status("fsync", parent, e));
-        }
-        let mut dirs = lock(&self.unsynced_dirs);
-        if !dirs.iter().any(|d| d == parent) {
-            dirs.push(parent.to_path_buf());
-        }
-        Ok(())
-    }
-
-    /// Syncs the directories `install` left unsynced; kept for the next save on failure.
-    fn sync_dirs(&self) -> Result<(), Status> {
-        let dirs = std::mem::take(&mut *lock(&self.unsynced_dirs));
-        for (i, d) in dirs.iter().enumerate() {
-            if let Err(e) = fsync_dir(d) {
-                lock(&self.unsynced_dirs).extend_from_slice(&dirs[i..]);
-                return Err(io_status("fsync", d, e));
-            }
+        if let Some(parent) = dest.parent() {
+            fsync_dir(parent).map_err(|e| io_status("fsync", parent, e))?;
         }
         Ok(())
     }
@@ -444,11 +410,11 @@ impl Backend for DirectoryBackend {
         fs::create_dir_all(&dir).map_err(|e| io_status("create bucket directory", &dir, e))
     }
 
-    fn new_appendable(&self, bucket: &str, name: &str, durable: bool) -> Result<Data, Status> {
+    fn new_appendable(&self, bucket: &str, name: &str) -> Result<Data, Status> {
         let tmp = self.temp_path();
         File::create(&tmp).map_err(|e| io_status("create", &tmp, e))?;
         let dest = self.path(bucket, name);
-        self.install(&tmp, &dest, durable)?;
+        self.install(&tmp, &dest)?;
         Ok(Data::File(dest))
     }
 
@@ -472,7 +438,7 @@ impl Backend for DirectoryBackend {
         };
         write().map_err(|e| io_status("write", &tmp, e))?;
         let dest = self.path(bucket, name);
-        self.install(&tmp, &dest, true)?;
+        self.install(&tmp, &dest)?;
         Ok(Data::File(dest))
     }
 
@@ -488,7 +454,7 @@ impl Backend for DirectoryBackend {
     fn rename(&self, bucket: &str, from: &str, to: &str, _data: &Data) -> Result<Data, Status> {
         let src = self.path(bucket, from);
         let dest = self.path(bucket, to);
-        self.install(&src, &dest, true)?;
+        self.install(&src, &dest)?;
         Ok(Data::File(dest))
     }
 
@@ -514,11 +480,6 @@ impl Backend for DirectoryBackend {
     }
 
     fn save(&self, bucket: &str, state: &BucketState, touched: Touched<'_>) -> Result<(), Status> {
-        if let Touched::Later = touched {
-            return Ok(());
-        }
-        // A new name's directory entry before the record that vouches for it.
-        self.sync_dirs()?;
         if let Touched::Names(names) = touched {
             let changes = names
                 .iter()

@@ -86,7 +86,7 @@ impl Backend for MemoryBackend {
         Ok(())
     }
 
-    fn new_appendable(&self, _bucket: &str, _name: &str, _durable: bool) -> Result<Data, Status> {
+    fn new_appendable(&self, _bucket: &str, _name: &str) -> Result<Data, Status> {
         Ok(Data::Mem(Arc::new(RwLock::new(Segments::default()))))
     }
 

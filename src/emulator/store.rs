@@ -24,9 +24,6 @@ pub(crate) enum Touched<'a> {
     Names(&'a [&'a str]),
     /// Anything: a folder renamed, files found changed on disk.
     All,
-    /// Nothing yet: a create the client did not wait for, recorded (and made durable) by the
-    /// next save, which comes before anything about the object is answered.
-    Later,
 }
 
 /// An object's custom metadata (`Object.metadata`): key-value pairs its writer set.
@@ -108,9 +105,8 @@ pub(crate) trait Backend: Send + Sync {
     ) -> Result<bool, Status>;
     /// Makes room for a new bucket.
     fn create_bucket(&self, bucket: &str) -> Result<(), Status>;
-    /// Storage for a new empty generation of `name`, installed at once (replacing the old);
-    /// durable now, or (`durable` false, a name nothing holds) by the next `save`.
-    fn new_appendable(&self, bucket: &str, name: &str, durable: bool) -> Result<Data, Status>;
+    /// Storage for a new empty generation of `name`, installed at once (replacing the old).
+    fn new_appendable(&self, bucket: &str, name: &str) -> Result<Data, Status>;
     /// Stores complete bytes as the new generation of `name` (replacing the old).
     fn materialize(
         &self,
@@ -303,28 +299,20 @@ impl Store {
         self.with_bucket(bucket, Refresh::Prefix(prefix), |b| Ok(f(b)))
     }
 
-    /// Creates a new empty appendable generation, with `metadata`, owned by a new writer:
-    /// durable at once, or (`durable` false, for a new name) by the writer's first persist,
-    /// which must then come before the create is answered.
+    /// Creates a new empty appendable generation, with `metadata`, owned by a new writer.
     pub fn create_appendable(
         &self,
         bucket: &str,
         name: &str,
         pre: Preconditions,
         metadata: CustomMetadata,
-        durable: bool,
     ) -> Result<(Entry, ContentWriter), Status> {
         self.check_name(name)?;
         check_custom_metadata(&metadata)?;
-        let touched = if durable {
-            Touched::Names(&[name])
-        } else {
-            Touched::Later
-        };
-        self.mutate(bucket, Refresh::One(name), touched, |b| {
+        self.mutate(bucket, Refresh::One(name), Touched::Names(&[name]), |b| {
             pre.check(live(b, name))?;
             check_not_folder(b, name)?;
-            let data = self.backend.new_appendable(bucket, name, durable)?;
+            let data = self.backend.new_appendable(bucket, name)?;
             let now = SystemTime::now();
             let token = self.next_token();
             let content = Content::new(

@@ -18,7 +18,6 @@ use crate::proto::storage::{
     BidiWriteObjectResponse, ObjectChecksums,
 };
 use bytes::Bytes;
-use futures::FutureExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Request, Response, Status, Streaming};
 
@@ -67,8 +66,6 @@ impl Service {
             .message()
             .await?
             .ok_or_else(|| Status::invalid_argument("the stream ended before its first message"))?;
-        let mut peeked = None;
-        let mut held_answer = false;
         let (bucket, name, target) = match &first.first_message {
             Some(FirstMessage::WriteObjectSpec(spec)) => {
                 let resource = spec.resource.as_ref().ok_or_else(|| {
@@ -102,20 +99,9 @@ impl Service {
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect();
                 let target = if spec.appendable == Some(true) {
-                    // A client that sent more without waiting for the answer to its create
-                    // of a new name is answered once its first flush has made the object
-                    // durable, the create with it: one round of disk syncs, not two.
-                    peeked = incoming.message().now_or_never();
-                    let durable = !matches!(peeked, Some(Ok(Some(_))))
-                        || self.store.get(&bucket, &resource.name, 0).is_ok();
-                    let (entry, writer) = self.store.create_appendable(
-                        &bucket,
-                        &resource.name,
-                        pre,
-                        metadata,
-                        durable,
-                    )?;
-                    held_answer = !durable;
+                    let (entry, writer) =
+                        self.store
+                            .create_appendable(&bucket, &resource.name, pre, metadata)?;
                     Target::Append { entry, writer }
                 } else {
                     self.store.check_name(&resource.name)?;
@@ -194,9 +180,8 @@ impl Service {
             out,
             received: 0,
             cut: faults.cut_write_after_bytes,
-            held_answer: None,
         };
-        tokio::spawn(session.run(first, peeked, held_answer, target, incoming));
+        tokio::spawn(session.run(first, target, incoming));
         Ok(Response::new(stream))
     }
 
@@ -230,9 +215,6 @@ struct Session {
     out: Outbox<BidiWriteObjectResponse>,
     received: u64,
     cut: Option<u64>,
-    /// The answer to a create made durable only by the first persist (see
-    /// `Store::create_appendable`): sent, after that persist, before any other answer.
-    held_answer: Option<BidiWriteObjectResponse>,
 }
 
 /// How a message left the stream.
@@ -247,8 +229,6 @@ impl Session {
     async fn run(
         mut self,
         first: BidiWriteObjectRequest,
-        peeked: Option<Result<Option<BidiWriteObjectRequest>, Status>>,
-        hold_answer: bool,
         mut target: Target,
         mut incoming: Streaming<BidiWriteObjectRequest>,
     ) {
@@ -264,35 +244,23 @@ impl Session {
                 }),
                 persisted_data_checksums: None,
             };
-            if hold_answer {
-                self.held_answer = Some(resp);
-            } else if !self.out.send(Ok(resp)).await {
+            if !self.out.send(Ok(resp)).await {
                 self.end(&mut target);
                 return;
             }
         }
-        // The first message, then any read ahead of the create, then the rest.
-        let mut reads = std::collections::VecDeque::from([Ok(Some(first))]);
-        reads.extend(peeked);
+        let mut msg = Some(first);
         loop {
-            let read = match reads.pop_front() {
-                Some(read) => read,
-                None => match self.next_or_answer(&mut target, &mut incoming).await {
-                    Ok(read) => read,
-                    Err(status) => {
+            let m = match msg.take() {
+                Some(m) => m,
+                None => match incoming.message().await {
+                    Ok(Some(m)) => m,
+                    Ok(None) => break,
+                    Err(_) => {
                         self.end(&mut target);
-                        self.out.send(Err(status)).await;
                         return;
                     }
                 },
-            };
-            let m = match read {
-                Ok(Some(m)) => m,
-                Ok(None) => break,
-                Err(_) => {
-                    self.end(&mut target);
-                    return;
-                }
             };
             match self.handle(m, &mut target).await {
                 Ok(Next::More) => {}
@@ -306,10 +274,8 @@ impl Session {
         }
         // Half-closed without finish_write: make it durable and report the size once.
         let resp = match &mut target {
-            Target::Append { writer, .. } => match self.answer_create(writer).await {
-                Ok(()) => self
-                    .sync(writer)
-                    .map(|()| persisted_response(&writer.content)),
+            Target::Append { writer, .. } => match self.sync(writer) {
+                Ok(()) => Ok(persisted_response(&writer.content)),
                 Err(e) => Err(e),
             },
             Target::Upload { segs, .. } => Ok(size_response(segs.len(), None)),
@@ -338,34 +304,6 @@ impl Session {
 
     fn sync(&self, writer: &mut ContentWriter) -> Result<(), Status> {
         self.sync_with(writer, false)
-    }
-
-    /// The next message; when none has arrived yet and the create's answer is held, the
-    /// answer goes out first, as the client may be waiting for it.
-    async fn next_or_answer(
-        &mut self,
-        target: &mut Target,
-        incoming: &mut Streaming<BidiWriteObjectRequest>,
-    ) -> Result<Result<Option<BidiWriteObjectRequest>, Status>, Status> {
-        if self.held_answer.is_some() {
-            if let Some(read) = incoming.message().now_or_never() {
-                return Ok(read);
-            }
-            if let Target::Append { writer, .. } = target {
-                self.answer_create(writer).await?;
-            }
-        }
-        Ok(incoming.message().await)
-    }
-
-    /// Sends a held answer to the create once everything written, and the object itself,
-    /// is durable: the answer says the object exists.
-    async fn answer_create(&mut self, writer: &mut ContentWriter) -> Result<(), Status> {
-        if let Some(resp) = self.held_answer.take() {
-            self.sync_with(writer, true)?;
-            self.out.send(Ok(resp)).await;
-        }
-        Ok(())
     }
 
     async fn handle(
@@ -416,9 +354,6 @@ impl Session {
                 if let Some(d) = data {
                     // A CRC32C the chunk came with was checked against its bytes above.
                     writer.append(offset, d.content, d.crc32c)?;
-                }
-                if m.finish_write || m.state_lookup {
-                    self.answer_create(writer).await?;
                 }
                 if m.finish_write {
                     writer.finalize(expected_crc)?;
