@@ -4,10 +4,10 @@
 //! way, comes back without the file. Every listing fetched is completed with the files that
 //! were pending when it was asked for and that it lacks, as long as their name still leads
 //! to them. Their lookups and attributes are answered here, not asked of the service, which
-//! would not find them. What must find them at the service (a rename onto one, an unlink, the fsync,
-//! removal or rename of their directory) waits for their answers first. A file counts as
-//! pending from its create to the first release of a handle writing it, by which time its
-//! create has been answered (or has failed, and the file is gone with its writer).
+//! would not find them. What must find them at the service (a rename onto one, an unlink,
+//! the fsync, removal or rename of their directory) waits for their answers first. A file
+//! counts as pending from its create to the first release of a handle writing it, by which
+//! time its create has been answered (or has failed, and the file is gone with its writer).
 //!
 //! Touches only the inodes it is given and the listings it is handed.
 

@@ -3,20 +3,19 @@
 //! file is not written as appends, editing a local staged copy uploaded as a new generation.
 //!
 //! A writer starts `Open` (a file just created: its stream opens with its first bytes or
-//! flush) or `Idle` (an existing
-//! object opened for writing: nothing happens until the first write; one at the end of an
-//! unfinalized object takes the object over and streams). A write anywhere else, a size
-//! change, or an append to a finalized object turns the writer `Staged` (see `staging.rs`):
-//! a stream in progress is flushed and closed first, so the object holds every byte written
-//! so far, and the staged copy is filled from it. A staged file is uploaded on fsync and
-//! close; the upload replaces exactly the generation it started from, so a failed upload
-//! leaves the old object as it was. Unpersisted bytes count against the
-//! write share of the one memory budget (a semaphore in KiB): a write that does not fit first
-//! makes its own bytes durable, then waits, and every so often makes idle writers' bytes
-//! durable so they cannot hold the budget forever. A failed writer stays failed: every later
-//! write, flush or fsync on it answers the same errno. The close(2) of the only writing
-//! handle ends the stream (the writer turns `Idle`), else the last handle's release does
-//! (close, or finalize with `write.finalize_on_close`).
+//! flush) or `Idle` (an existing object opened for writing: nothing happens until the first
+//! write; one at the end of an unfinalized object takes the object over and streams). A
+//! write anywhere else, a size change, or an append to a finalized object turns the writer
+//! `Staged` (see `staging.rs`): a stream in progress is flushed and closed first, so the
+//! object holds every byte written so far, and the staged copy is filled from it. A staged
+//! file is uploaded on fsync and close; the upload replaces exactly the generation it
+//! started from, so a failed upload leaves the old object as it was. Unpersisted bytes
+//! count against the write share of the one memory budget (a semaphore in KiB): a write
+//! that does not fit first makes its own bytes durable, then waits, and every so often
+//! makes idle writers' bytes durable so they cannot hold the budget forever. A failed
+//! writer stays failed: every later write, flush or fsync on it answers the same errno. The
+//! close(2) of the only writing handle ends the stream (the writer turns `Idle`), else the
+//! last handle's release does (close, or finalize with `write.finalize_on_close`).
 //!
 //! Touches `gcs::AppendWriter`, the staging area, uploads, and the inode's size and
 //! generation; no kernel types.
