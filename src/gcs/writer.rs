@@ -141,13 +141,12 @@ impl AppendWriter {
             ..Default::default()
         };
         let timeout = Duration::from_millis(self.client.config().call_timeout_ms);
-        let opened = tokio::time::timeout(
+        let (tx, rx) = tokio::time::timeout(
             timeout,
             stream::write(self.client.streams(), &self.bucket, None, &msg),
         )
         .await
         .unwrap_or_else(|_| Err(Status::deadline_exceeded("write stream open timed out")))?;
-        let (tx, rx) = opened;
         self.conn = Some(Conn { tx, rx });
         Ok(())
     }
