@@ -171,6 +171,11 @@ async fn restart_keeps_objects_generations_and_unfinalized_state() {
             o.finalize_time.is_none(),
             "still unfinalized after a restart"
         );
+        // The flush recorded no metadata: the size and checksum come from the file.
+        assert_eq!(
+            o.checksums.unwrap().crc32c,
+            Some(crc32c::crc32c(&data[..2 << 20]))
+        );
         assert_eq!(read_all(&mut c, "b", "log").await, data[..2 << 20]);
         // A reconnect with the old handle works after a restart; then finalize.
         let mut w = open_write(

@@ -359,8 +359,9 @@ impl ContentWriter {
         Ok(())
     }
 
-    /// Makes everything written durable; true when the persisted size moved.
-    pub fn sync(&mut self) -> Result<bool, Status> {
+    /// Makes everything written durable: the bytes, and with them (the file's length, in a
+    /// directory-backed bucket) the persisted size.
+    pub fn sync(&mut self) -> Result<(), Status> {
         // Only this writer appends, so nothing written since the last sync means the bytes
         // are durable already: a stream that ends right after a flush (every small file
         // closed after its data) skipped a disk sync per file.
@@ -369,17 +370,16 @@ impl ContentWriter {
             st.persisted == st.written
         };
         if synced {
-            return Ok(false);
+            return Ok(());
         }
         if let (Some(file), Data::File(path)) = (&self.file, &self.content.data) {
             file.sync_data()
                 .map_err(|e| Status::internal(format!("fsync {}: {e}", path.display())))?;
         }
         let mut st = self.content.state();
-        let moved = st.persisted != st.written;
         st.persisted = st.written;
         st.persisted_crc = st.crc;
-        Ok(moved)
+        Ok(())
     }
 
     /// Syncs, checks the whole-object CRC32C if given, and finalizes.

@@ -4,9 +4,11 @@
 //! their directory is looked at (a list of a name's prefix looks at that name). Object metadata
 //! (generation, metageneration, finalized or not, CRC32C, persisted size, custom metadata)
 //! lives under `ROOT/.rapidfs-emulator/buckets/`: a snapshot and a journal of the changes
-//! since (see `journal.rs`), durable before any size is acknowledged, so it survives a
-//! restart, at O(1) cost a change. New generations are written beside the tree and renamed
-//! into place, so readers of the old one keep their bytes. Touches only files under the root.
+//! since (see `journal.rs`), durable before the change is acknowledged, so it survives a
+//! restart, at O(1) cost a change. An unfinalized object's persisted size is its file's
+//! length instead: a flush syncs the file and records nothing, and loading extends the
+//! record to the file. New generations are written beside the tree and renamed into place,
+//! so readers of the old one keep their bytes. Touches only files under the root.
 
 use super::content::{Content, Data, Segments, WriteState};
 use super::journal::Journals;
@@ -14,7 +16,7 @@ use super::store::{micros, Backend, BucketState, CustomMetadata, Entry, Stamp, S
 use super::tree::{bucket_dirs, walk};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet};
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{self, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -96,6 +98,22 @@ fn stamp_of(meta: &fs::Metadata) -> Stamp {
 
 fn fsync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
+}
+
+/// The CRC32C of the first `len` bytes of the file at `path`, from `crc`, that of its first
+/// `from` bytes.
+fn crc_extended(path: &Path, from: u64, crc: u32, len: u64) -> io::Result<u32> {
+    use std::os::unix::fs::FileExt;
+    let file = File::open(path)?;
+    let mut buf = vec![0u8; 1 << 20];
+    let (mut at, mut crc) = (from, crc);
+    while at < len {
+        let want = (len - at).min(buf.len() as u64) as usize;
+        file.read_exact_at(&mut buf[..want], at)?;
+        crc = crate::gcs::crc32c_concat(crc, at, crate::gcs::crc32c(&buf[..want]), want);
+        at += want as u64;
+    }
+    Ok(crc)
 }
 
 impl DirectoryBackend {
@@ -258,22 +276,26 @@ impl Backend for DirectoryBackend {
                     continue;
                 };
                 let unfinalized = rec.finalized_us.is_none();
-                if unfinalized && meta.len() > rec.size {
-                    // Bytes past the acknowledged size were never persisted as far as any
-                    // client knows: drop them so the size and checksum agree.
-                    OpenOptions::new()
-                        .write(true)
-                        .open(&path)?
-                        .set_len(rec.size)?;
-                }
-                let meta = fs::metadata(&path)?;
                 let same = rec.stamp == Some(stamp_of(&meta));
                 if !unfinalized && !same || unfinalized && meta.len() < rec.size {
                     let e = self.found_entry(store, path, &meta);
                     state.objects.insert(name, e);
                     continue;
                 }
-                let mut ws = WriteState::finalized(rec.size, rec.crc32c, from_us(rec.update_us));
+                // An unfinalized object grew since its record: a flush records nothing, its
+                // file is its size. Bytes written but not yet synced when the emulator
+                // stopped count as persisted, as a service may persist more than it
+                // acknowledged (a writer takes over from the size it is told).
+                let (size, crc) = if unfinalized && meta.len() > rec.size {
+                    let crc = match rec.crc32c {
+                        Some(c) => Some(crc_extended(&path, rec.size, c, meta.len())?),
+                        None => None,
+                    };
+                    (meta.len(), crc)
+                } else {
+                    (rec.size, rec.crc32c)
+                };
+                let mut ws = WriteState::finalized(size, crc, from_us(rec.update_us));
                 ws.finalized = rec.finalized_us.map(from_us);
                 state.objects.insert(
                     name,

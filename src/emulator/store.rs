@@ -416,7 +416,10 @@ impl Store {
         })
     }
 
-    /// Records durable metadata after a writer synced or finalized `name`.
+    /// Records durable metadata after a writer finalized `name`. A flush that only grows
+    /// an unfinalized object records nothing: its bytes, made durable, carry the new size
+    /// (a directory-backed object's file length, see `directory.rs`), so that a small file
+    /// costs the disk one sync less.
     pub fn persist(&self, bucket: &str, name: &str, content: &Arc<Content>) -> Result<(), Status> {
         self.mutate(bucket, Refresh::None, Touched::Names(&[name]), |b| {
             if let Some(e) = b.objects.get_mut(name) {

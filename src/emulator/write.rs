@@ -274,7 +274,7 @@ impl Session {
         }
         // Half-closed without finish_write: make it durable and report the size once.
         let resp = match &mut target {
-            Target::Append { writer, .. } => match self.sync(writer) {
+            Target::Append { writer, .. } => match writer.sync() {
                 Ok(()) => Ok(persisted_response(&writer.content)),
                 Err(e) => Err(e),
             },
@@ -286,24 +286,10 @@ impl Session {
     /// Makes what was written durable whatever way the stream ends.
     fn end(&mut self, target: &mut Target) {
         if let Target::Append { writer, .. } = target {
-            if let Err(e) = self.sync(writer) {
+            if let Err(e) = writer.sync() {
                 tracing::warn!("sync at stream end failed: {}", e.message());
             }
         }
-    }
-
-    /// Syncs and, when the persisted size moved (or `force`), records the metadata durably.
-    fn sync_with(&self, writer: &mut ContentWriter, force: bool) -> Result<(), Status> {
-        if writer.sync()? || force {
-            self.service
-                .store
-                .persist(&self.bucket, &self.name, &writer.content)?;
-        }
-        Ok(())
-    }
-
-    fn sync(&self, writer: &mut ContentWriter) -> Result<(), Status> {
-        self.sync_with(writer, false)
     }
 
     async fn handle(
@@ -357,7 +343,9 @@ impl Session {
                 }
                 if m.finish_write {
                     writer.finalize(expected_crc)?;
-                    self.sync_with(writer, true)?;
+                    self.service
+                        .store
+                        .persist(&self.bucket, &self.name, &writer.content)?;
                     let entry = self.service.store.get(
                         &self.bucket,
                         &self.name,
@@ -376,7 +364,9 @@ impl Session {
                     return Ok(Next::Finished);
                 }
                 if m.flush || m.state_lookup {
-                    self.sync(writer)?;
+                    // The bytes alone: a growing size needs no metadata record (see
+                    // `Store::persist`).
+                    writer.sync()?;
                 }
                 if m.state_lookup {
                     let resp = persisted_response(&writer.content);
