@@ -360,8 +360,8 @@ impl ContentWriter {
     }
 
     /// Makes everything written durable: the bytes, and with them (the file's length, in a
-    /// directory-backed bucket) the persisted size.
-    pub fn sync(&mut self) -> Result<(), Status> {
+    /// directory-backed bucket) the persisted size. True when the persisted size moved.
+    pub fn sync(&mut self) -> Result<bool, Status> {
         // Only this writer appends, so nothing written since the last sync means the bytes
         // are durable already: a stream that ends right after a flush (every small file
         // closed after its data) skipped a disk sync per file.
@@ -370,16 +370,17 @@ impl ContentWriter {
             st.persisted == st.written
         };
         if synced {
-            return Ok(());
+            return Ok(false);
         }
         if let (Some(file), Data::File(path)) = (&self.file, &self.content.data) {
             file.sync_data()
                 .map_err(|e| Status::internal(format!("fsync {}: {e}", path.display())))?;
         }
         let mut st = self.content.state();
+        let moved = st.persisted != st.written;
         st.persisted = st.written;
         st.persisted_crc = st.crc;
-        Ok(())
+        Ok(moved)
     }
 
     /// Syncs, checks the whole-object CRC32C if given, and finalizes.

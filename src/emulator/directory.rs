@@ -6,9 +6,10 @@
 //! lives under `ROOT/.rapidfs-emulator/buckets/`: a snapshot and a journal of the changes
 //! since (see `journal.rs`), durable before the change is acknowledged, so it survives a
 //! restart, at O(1) cost a change. An unfinalized object's persisted size is its file's
-//! length instead: a flush syncs the file and records nothing, and loading extends the
-//! record to the file. New generations are written beside the tree and renamed into place,
-//! so readers of the old one keep their bytes. Touches only files under the root.
+//! length: a flush syncs the file and journals the new size without a sync of its own,
+//! and loading extends a record the journal lost to the file. New generations are written
+//! beside the tree and renamed into place, so readers of the old one keep their bytes.
+//! Touches only files under the root.
 
 use super::content::{Content, Data, Segments, WriteState};
 use super::journal::Journals;
@@ -41,7 +42,8 @@ pub(crate) struct DirectoryBackend {
 struct Record {
     generation: i64,
     metageneration: i64,
-    /// Persisted (acknowledged) size.
+    /// Persisted (acknowledged) size; of an unfinalized object, at least that (its file's
+    /// length is its size, see `load`).
     size: u64,
     crc32c: Option<u32>,
     /// Microseconds since the epoch; absent = unfinalized (appendable).
@@ -100,20 +102,24 @@ fn fsync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
-/// The CRC32C of the first `len` bytes of the file at `path`, from `crc`, that of its first
-/// `from` bytes.
-fn crc_extended(path: &Path, from: u64, crc: u32, len: u64) -> io::Result<u32> {
+/// Makes the first `len` bytes of the file at `path` durable and returns their CRC32C,
+/// computed on from `crc`, that of its first `from` bytes (unknown stays unknown).
+fn adopt_tail(path: &Path, from: u64, crc: Option<u32>, len: u64) -> io::Result<Option<u32>> {
     use std::os::unix::fs::FileExt;
     let file = File::open(path)?;
-    let mut buf = vec![0u8; 1 << 20];
-    let (mut at, mut crc) = (from, crc);
+    file.sync_data()?;
+    let Some(mut crc) = crc else {
+        return Ok(None);
+    };
+    let mut buf = vec![0u8; (len - from).min(1 << 20) as usize];
+    let mut at = from;
     while at < len {
         let want = (len - at).min(buf.len() as u64) as usize;
         file.read_exact_at(&mut buf[..want], at)?;
         crc = crate::gcs::crc32c_concat(crc, at, crate::gcs::crc32c(&buf[..want]), want);
         at += want as u64;
     }
-    Ok(crc)
+    Ok(Some(crc))
 }
 
 impl DirectoryBackend {
@@ -282,20 +288,19 @@ impl Backend for DirectoryBackend {
                     state.objects.insert(name, e);
                     continue;
                 }
-                // An unfinalized object grew since its record: a flush records nothing, its
-                // file is its size. Bytes written but not yet synced when the emulator
-                // stopped count as persisted, as a service may persist more than it
-                // acknowledged (a writer takes over from the size it is told).
-                let (size, crc) = if unfinalized && meta.len() > rec.size {
-                    let crc = match rec.crc32c {
-                        Some(c) => Some(crc_extended(&path, rec.size, c, meta.len())?),
-                        None => None,
-                    };
-                    (meta.len(), crc)
+                // An unfinalized object grew past its record: its file is its size (a flush's
+                // record is written without a sync, and may be lost with a crash). Bytes
+                // written but not yet synced when the emulator stopped count as persisted,
+                // as a service may persist more than it acknowledged (a writer takes over
+                // from the size it is told): they are synced here before anyone is told.
+                let (size, crc, updated) = if unfinalized && meta.len() > rec.size {
+                    let crc = adopt_tail(&path, rec.size, rec.crc32c, meta.len())?;
+                    let mtime = meta.modified().map_or(0, micros);
+                    (meta.len(), crc, rec.update_us.max(mtime))
                 } else {
-                    (rec.size, rec.crc32c)
+                    (rec.size, rec.crc32c, rec.update_us)
                 };
-                let mut ws = WriteState::finalized(size, crc, from_us(rec.update_us));
+                let mut ws = WriteState::finalized(size, crc, from_us(updated));
                 ws.finalized = rec.finalized_us.map(from_us);
                 state.objects.insert(
                     name,
@@ -502,12 +507,20 @@ impl Backend for DirectoryBackend {
     }
 
     fn save(&self, bucket: &str, state: &BucketState, touched: Touched<'_>) -> Result<(), Status> {
-        if let Touched::Names(names) = touched {
+        let (names, durable) = match touched {
+            Touched::Names(names) => (Some(names), true),
+            Touched::Grown(names) => (Some(names), false),
+            Touched::All => (None, true),
+        };
+        if let Some(names) = names {
             let changes = names
                 .iter()
                 .map(|n| (n.to_string(), state.objects.get(*n).map(record_of)))
                 .collect();
-            if !self.journals.append(bucket, changes, state.objects.len())? {
+            if !self
+                .journals
+                .append(bucket, changes, state.objects.len(), durable)?
+            {
                 return Ok(());
             }
         }

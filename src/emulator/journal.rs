@@ -1,7 +1,9 @@
 //! The metadata of a directory-backed bucket at O(1) cost a change: a snapshot
 //! (`BUCKET.json`, written atomically: temp file, fsync, rename, fsync of the directory) plus
 //! an append-only journal of the records changed since (`BUCKET.EPOCH.journal`, one JSON line
-//! a changed object, fdatasync'd before the change is acknowledged).
+//! a changed object, fdatasync'd before the change is acknowledged; a line that only records
+//! what synced data carries already is written without a sync, and made durable by the next
+//! synced line or lost with a crash, in order either way).
 //!
 //! Loading reads the snapshot and replays the journal of the snapshot's epoch; a torn last
 //! line was never acknowledged and is dropped. A journal that has grown past the bucket's
@@ -154,13 +156,14 @@ impl Journals {
     }
 
     /// Appends the records of the changed objects (`None`: gone) to the journal of
-    /// `bucket`, durably. True when the journal has grown past `objects` (the bucket's
-    /// object count) and should be folded into a snapshot.
+    /// `bucket`, durably when `durable`. True when the journal has grown past `objects` (the
+    /// bucket's object count) and should be folded into a snapshot.
     pub(crate) fn append<R: Serialize>(
         &self,
         bucket: &str,
         changes: Vec<(String, Option<R>)>,
         objects: usize,
+        durable: bool,
     ) -> Result<bool, Status> {
         let mut open = self.lock();
         let Some(j) = open.get_mut(bucket) else {
@@ -177,7 +180,7 @@ impl Journals {
         let path = self.journal_path(bucket, j.epoch);
         j.file
             .write_all(&text)
-            .and_then(|()| j.file.sync_data())
+            .and_then(|()| if durable { j.file.sync_data() } else { Ok(()) })
             .map_err(|e| io_error("append to", &path, e))?;
         j.lines += n;
         Ok(j.lines > FOLD_AT_LEAST.max(objects as u64))
@@ -250,9 +253,15 @@ mod tests {
         let tmp = dir.path().join("tmp");
         j.snapshot("b", BTreeMap::from([("a".to_string(), 1u32)]), &tmp)
             .expect("snapshot");
-        j.append("b", vec![("x".into(), Some(2u32)), ("a".into(), None)], 1)
-            .expect("append");
-        j.append("b", vec![("y".into(), Some(3u32))], 1)
+        j.append(
+            "b",
+            vec![("x".into(), Some(2u32)), ("a".into(), None)],
+            1,
+            true,
+        )
+        .expect("append");
+        // A line written without a sync replays like any other while it is in the file.
+        j.append("b", vec![("y".into(), Some(3u32))], 1, false)
             .expect("append");
         let loaded: BTreeMap<String, u32> =
             Journals::new(dir.path().into()).load("b").expect("load");
@@ -272,7 +281,7 @@ mod tests {
         let tmp = dir.path().join("tmp");
         j.snapshot("b", BTreeMap::from([("a".to_string(), 1u32)]), &tmp)
             .expect("snapshot");
-        j.append("b", vec![("a".into(), Some(2u32))], 1)
+        j.append("b", vec![("a".into(), Some(2u32))], 1, true)
             .expect("append");
         // A stale journal of the next epoch's predecessor must not revert the snapshot.
         let stale = j.journal_path("b", 1);
@@ -294,7 +303,7 @@ mod tests {
         let mut fold = false;
         for i in 0..=FOLD_AT_LEAST {
             fold = j
-                .append("b", vec![(format!("o{i}"), Some(1u32))], 10)
+                .append("b", vec![(format!("o{i}"), Some(1u32))], 10, true)
                 .expect("append");
         }
         assert!(fold);

@@ -22,6 +22,9 @@ pub(crate) type Stamp = (u64, i128);
 pub(crate) enum Touched<'a> {
     /// These names, live or gone.
     Names(&'a [&'a str]),
+    /// These unfinalized objects, grown by a flush whose synced bytes already carry the new
+    /// size: their records need no sync of their own.
+    Grown(&'a [&'a str]),
     /// Anything: a folder renamed, files found changed on disk.
     All,
 }
@@ -416,10 +419,14 @@ impl Store {
         })
     }
 
-    /// Records durable metadata after a writer finalized `name`. A flush that only grows
-    /// an unfinalized object records nothing: its bytes, made durable, carry the new size
-    /// (a directory-backed object's file length, see `directory.rs`), so that a small file
-    /// costs the disk one sync less.
+    /// Records the new size of unfinalized `name` after a writer synced its bytes, without
+    /// a sync of the record: the bytes carry the size (a directory-backed object's file
+    /// length, see `directory.rs`), so that a small file costs the disk one sync less.
+    pub fn grown(&self, bucket: &str, name: &str) -> Result<(), Status> {
+        self.mutate(bucket, Refresh::None, Touched::Grown(&[name]), |_| Ok(()))
+    }
+
+    /// Records durable metadata after a writer finalized `name`.
     pub fn persist(&self, bucket: &str, name: &str, content: &Arc<Content>) -> Result<(), Status> {
         self.mutate(bucket, Refresh::None, Touched::Names(&[name]), |b| {
             if let Some(e) = b.objects.get_mut(name) {

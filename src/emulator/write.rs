@@ -274,7 +274,7 @@ impl Session {
         }
         // Half-closed without finish_write: make it durable and report the size once.
         let resp = match &mut target {
-            Target::Append { writer, .. } => match writer.sync() {
+            Target::Append { writer, .. } => match self.sync(writer) {
                 Ok(()) => Ok(persisted_response(&writer.content)),
                 Err(e) => Err(e),
             },
@@ -286,10 +286,19 @@ impl Session {
     /// Makes what was written durable whatever way the stream ends.
     fn end(&mut self, target: &mut Target) {
         if let Target::Append { writer, .. } = target {
-            if let Err(e) = writer.sync() {
+            if let Err(e) = self.sync(writer) {
                 tracing::warn!("sync at stream end failed: {}", e.message());
             }
         }
+    }
+
+    /// Makes the bytes written durable and, when that grew the object, records its new
+    /// size without a sync of its own (see `Store::grown`).
+    fn sync(&self, writer: &mut ContentWriter) -> Result<(), Status> {
+        if writer.sync()? {
+            self.service.store.grown(&self.bucket, &self.name)?;
+        }
+        Ok(())
     }
 
     async fn handle(
@@ -364,9 +373,7 @@ impl Session {
                     return Ok(Next::Finished);
                 }
                 if m.flush || m.state_lookup {
-                    // The bytes alone: a growing size needs no metadata record (see
-                    // `Store::persist`).
-                    writer.sync()?;
+                    self.sync(writer)?;
                 }
                 if m.state_lookup {
                     let resp = persisted_response(&writer.content);
