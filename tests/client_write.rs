@@ -227,3 +227,30 @@ async fn an_unanswered_create_goes_out_with_the_first_bytes_sent() {
     w.close().await.unwrap();
     assert!(read_all(&c, "big").await == big);
 }
+
+/// A flush sends the bytes it waits for with its flush + state_lookup on their message: the
+/// create's answer and the lookup's can come in one read, and the flush must not wait for a
+/// third answer that was never asked for. Each flush returns promptly on the one stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flushes_whose_lookup_rides_on_the_bytes_return_at_once() {
+    let emu = emulator(Faults::default()).await;
+    let c = client(&emu).await;
+    let mut w = c.create_appendable_unanswered(BUCKET, "flushed");
+    let mut want = Vec::new();
+    for (i, part) in [&b"one\n"[..], b"two\n", b"three\n"]
+        .into_iter()
+        .enumerate()
+    {
+        w.append(Bytes::from_static(part)).await.unwrap();
+        want.extend_from_slice(part);
+        let flushed = tokio::time::timeout(std::time::Duration::from_secs(5), w.flush()).await;
+        let persisted = flushed
+            .unwrap_or_else(|_| panic!("flush {i} waited for an answer that never came"))
+            .unwrap();
+        assert_eq!(persisted, want.len() as u64);
+    }
+    let m = w.close().await.unwrap();
+    assert_eq!(m.size, want.len() as u64);
+    assert_eq!(emu.stats().write_streams, 1, "one stream for every flush");
+    assert!(read_all(&c, "flushed").await == want);
+}

@@ -82,6 +82,7 @@ async fn open<Req: Message, Resp: Message + Default>(
         let (response, send) = pool.open(path, headers).await?;
         let mut requests = Requests {
             send,
+            ended: false,
             method,
             _messages: PhantomData,
         };
@@ -145,13 +146,17 @@ fn accepted(
 /// `Responses` too releases the stream at both ends.
 pub(crate) struct Requests<Req> {
     send: h2::SendStream<Bytes>,
+    /// The last message half-closed the call already.
+    ended: bool,
     method: &'static str,
     _messages: PhantomData<fn(&Req)>,
 }
 
 impl<Req> Drop for Requests<Req> {
     fn drop(&mut self) {
-        let _ = self.send.send_data(Bytes::new(), true);
+        if !self.ended {
+            let _ = self.send.send_data(Bytes::new(), true);
+        }
     }
 }
 
@@ -190,12 +195,22 @@ impl<Req: Message> Requests<Req> {
 
 impl Requests<BidiWriteObjectRequest> {
     /// Sends a write message whose data goes out as the writer's own buffer, shared rather
-    /// than copied into the message's encoding (see `write_frame`).
-    pub(crate) fn send_write(&mut self, m: BidiWriteObjectRequest) -> Result<(), Status> {
-        for piece in write_frame(m) {
+    /// than copied into the message's encoding (see `write_frame`). `last`: the call is
+    /// half-closed with the message's last frame, not with an empty frame of its own, which
+    /// would go out in a write to the socket of its own after a message carrying data.
+    pub(crate) fn send_write(
+        &mut self,
+        m: BidiWriteObjectRequest,
+        last: bool,
+    ) -> Result<(), Status> {
+        let pieces = write_frame(m);
+        let n = pieces.len();
+        for (i, piece) in pieces.into_iter().enumerate() {
+            let end = last && i + 1 == n;
             self.send
-                .send_data(piece, false)
+                .send_data(piece, end)
                 .map_err(|e| h2_status(self.method, e))?;
+            self.ended |= end;
         }
         Ok(())
     }

@@ -223,7 +223,7 @@ async fn send(source: Source, mut tx: Requests<BidiWriteObjectRequest>) -> Resul
             }),
             ..Default::default()
         };
-        if tx.ready().await.is_err() || tx.send_write(msg).is_err() {
+        if tx.ready().await.is_err() || tx.send_write(msg, last).is_err() {
             return Ok(crc);
         }
         offset += n as u64;

@@ -31,6 +31,17 @@ pub(crate) const MAX_CHUNK: usize = 2 * 1024 * 1024;
 const SEND_AT_LEAST: u64 = 256 * 1024;
 const REDIRECT_TYPE: &str = "google.storage.v2.BidiWriteObjectRedirectedError";
 
+/// How `try_pump` ends what it sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    /// As it comes: a flush + state_lookup only when half the buffer waits unpersisted.
+    Open,
+    /// With flush + state_lookup, unless one is unanswered already.
+    Lookup,
+    /// With flush + state_lookup, and the half-close of the stream.
+    Close,
+}
+
 /// Why an attempt failed: the stream (worth a reconnect, maybe) or for good. Shared by the
 /// appendable writer and the whole-file upload.
 pub(super) enum Fail {
@@ -283,8 +294,7 @@ impl AppendWriter {
 
     /// The sends and receives of `try_close`, whatever they leave persisted.
     async fn send_close(&mut self) -> Attempt<()> {
-        self.try_pump().await?;
-        self.send_lookup().await?;
+        self.try_pump(Ending::Close).await?;
         let Some(Conn { tx, mut rx }) = self.conn.take() else {
             return Err(Status::unavailable("no write stream").into());
         };
@@ -475,8 +485,9 @@ impl AppendWriter {
         self.pending.trim_to(self.persisted);
     }
 
-    /// Sends one message, taking in responses that arrive while the queue is full.
-    async fn send(&mut self, msg: BidiWriteObjectRequest) -> Attempt<()> {
+    /// Sends one message, taking in responses that arrive while the queue is full; `last`
+    /// half-closes the stream with it.
+    async fn send(&mut self, msg: BidiWriteObjectRequest, last: bool) -> Attempt<()> {
         if self.unopened {
             self.open_unanswered().await?;
         }
@@ -492,7 +503,7 @@ impl AppendWriter {
             let Some(conn) = self.conn.as_mut() else {
                 return Err(Status::unavailable("no write stream").into());
             };
-            return Ok(conn.tx.send_write(msg)?);
+            return Ok(conn.tx.send_write(msg, last)?);
         }
         loop {
             let Some(conn) = self.conn.as_mut() else {
@@ -501,7 +512,7 @@ impl AppendWriter {
             let resp = tokio::select! {
                 ready = conn.tx.ready() => {
                     ready?;
-                    return Ok(conn.tx.send_write(msg)?);
+                    return Ok(conn.tx.send_write(msg, last)?);
                 }
                 resp = conn.rx.message() => resp,
             };
@@ -542,47 +553,66 @@ impl AppendWriter {
         }
     }
 
-    /// Sends every pending byte not yet on the current stream; asks for the persisted size
-    /// early (half the buffer) so `append` rarely has to wait for it.
-    async fn try_pump(&mut self) -> Attempt<()> {
+    /// Sends every pending byte not yet on the current stream, ending as `ending` says; asks
+    /// for the persisted size early (half the buffer) so `append` rarely has to wait for it.
+    /// The flush + state_lookup rides on the last data message (the service flushes
+    /// everything up to and including it): a small file's bytes, its flush and the
+    /// half-close of its close leave in one write to the socket and reach the service as one
+    /// message.
+    async fn try_pump(&mut self, ending: Ending) -> Attempt<()> {
         self.poll_responses()?;
+        let lookup = match ending {
+            Ending::Open => self.lookups == 0 && self.pending.len() >= self.cap / 2,
+            Ending::Lookup => self.lookups == 0,
+            Ending::Close => true,
+        };
+        let close = ending == Ending::Close;
         while self.sent < self.written {
             let Some((piece, piece_crc)) = self.pending.piece_from(self.sent) else {
                 break;
             };
             let start = self.sent;
+            let end = start + piece.len() as u64;
+            let ask = lookup && end >= self.written;
             let msg = BidiWriteObjectRequest {
                 write_offset: start as i64,
                 data: Some(Data::ChecksummedData(ChecksummedData {
                     crc32c: Some(piece_crc),
                     content: piece.clone(),
                 })),
+                flush: ask,
+                state_lookup: ask,
                 ..Default::default()
             };
-            self.send(msg).await?;
-            self.sent = start + piece.len() as u64;
+            self.send(msg, ask && close).await?;
+            self.sent = end;
+            if ask {
+                self.lookups += 1;
+                return Ok(());
+            }
         }
-        if self.lookups == 0 && self.pending.len() >= self.cap / 2 {
-            self.send_lookup().await?;
+        if lookup {
+            self.send_lookup(close).await?;
         }
         Ok(())
     }
 
-    async fn send_lookup(&mut self) -> Attempt<()> {
+    /// Sends a bare flush + state_lookup; `last` half-closes the stream with it.
+    async fn send_lookup(&mut self, last: bool) -> Attempt<()> {
         let msg = BidiWriteObjectRequest {
             write_offset: self.sent as i64,
             flush: true,
             state_lookup: true,
             ..Default::default()
         };
-        self.send(msg).await?;
+        self.send(msg, last).await?;
         self.lookups += 1;
         Ok(())
     }
 
     async fn pump(&mut self) -> Result<()> {
         loop {
-            match self.try_pump().await {
+            match self.try_pump(Ending::Open).await {
                 Ok(()) => return Ok(()),
                 Err(f) => self.recover(f).await?,
             }
@@ -594,10 +624,12 @@ impl AppendWriter {
     async fn wait_persisted(&mut self, target: u64) -> Result<()> {
         while self.persisted < target || !self.answered {
             let attempt = async {
-                self.try_pump().await?;
-                if self.lookups == 0 {
-                    self.send_lookup().await?;
+                // A lookup answered meanwhile may have been the last one needed.
+                self.poll_responses()?;
+                if self.persisted >= target && self.answered {
+                    return Ok(());
                 }
+                self.try_pump(Ending::Lookup).await?;
                 let r = self.next_response().await?;
                 self.on_response(r)
             };
@@ -610,7 +642,7 @@ impl AppendWriter {
 
     /// Sends finish_write with the whole-object CRC32C and waits for the final resource.
     async fn try_finish(&mut self) -> Attempt<Object> {
-        self.try_pump().await?;
+        self.try_pump(Ending::Open).await?;
         let msg = BidiWriteObjectRequest {
             write_offset: self.written as i64,
             finish_write: true,
@@ -620,7 +652,7 @@ impl AppendWriter {
             }),
             ..Default::default()
         };
-        self.send(msg).await?;
+        self.send(msg, false).await?;
         loop {
             let r = self.next_response().await?;
             if let Some(WriteStatus::Resource(o)) = &r.write_status {
