@@ -96,6 +96,12 @@ async fn bidi_read(service: Service, req: http::Request<Body>, max: usize) -> ht
     })
     .flat_map(futures::stream::iter)
     .map(Ok::<_, Status>);
+    // The headers wait for the first response's frames, so that they leave in one write to
+    // the socket (a first request is answered at once): sent on their own, they cost a
+    // write, and often the client a wake-up, of their own.
+    let mut frames = Box::pin(frames);
+    let first = frames.next().await;
+    let frames = futures::stream::iter(first).chain(frames);
     let mut resp = http::Response::new(Body::new(http_body_util::StreamBody::new(frames)));
     resp.headers_mut().insert(
         http::header::CONTENT_TYPE,
