@@ -190,6 +190,42 @@ async fn unpersisted_bytes_stay_within_the_write_buffer() {
     assert!(read_all(&c, "bounded").await == src);
 }
 
+/// Against narrow flow-control windows, sending a message waits for capacity and takes in
+/// the answers that arrive meanwhile, among them the one a flush (here the full write
+/// buffer's) counted on: the flush must then ask again, not wait for an answer that was
+/// never asked for (a stall, then a reconnect). The race needs many such waits: with the
+/// bug, 512 MiB reopened the stream in five runs of five, 256 MiB in four of seven.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_against_narrow_windows_keeps_its_one_stream() {
+    let emu = emulator(Faults {
+        flow_window_kib: Some(256),
+        ..Faults::default()
+    })
+    .await;
+    let mut cfg = config(emu.endpoint());
+    cfg.write_buffer_kb = 2 * 1024;
+    cfg.stall_timeout_ms = 1_000;
+    let c = Client::connect(&cfg).await.unwrap();
+    let src = data(512 * MIB, 13);
+    let mut w = c.create_appendable(BUCKET, "narrow", None).await.unwrap();
+    for piece in src.chunks(100 * 1024) {
+        w.append(src.slice_ref(piece)).await.unwrap();
+    }
+    let m = w.close().await.unwrap();
+    assert_eq!(m.size, src.len() as u64);
+    assert_eq!(
+        emu.stats().write_streams,
+        1,
+        "a stalled flush reopened the stream"
+    );
+    let stored = c.get_object(BUCKET, "narrow").await.unwrap();
+    assert_eq!(
+        stored.crc32c,
+        Some(crc32c::crc32c(&src)),
+        "the bytes stored"
+    );
+}
+
 /// A create that does not wait for its answer sends nothing of its own: a small file's
 /// create, bytes and closing flush go out together at its close, while a file past the
 /// first 256 KiB streams its bytes (and its create) before any flush.

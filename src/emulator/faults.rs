@@ -28,6 +28,11 @@ pub struct Faults {
     /// Refuse (FAILED_PRECONDITION) a `WriteObjectSpec` that would replace an unfinalized
     /// appendable object, as some servers do; clients must delete it first.
     pub refuse_replace_unfinalized: bool,
+    /// HTTP/2 flow-control window of every stream, in KiB (four times that for a
+    /// connection), instead of the large one loopback affords: a writer then waits for
+    /// capacity while answers arrive, as it does against a distant server. Read once, when
+    /// the emulator starts.
+    pub flow_window_kib: Option<u32>,
 }
 
 /// The live fault settings plus the counters that pick the k-th call.

@@ -135,9 +135,13 @@ impl Service {
                 .tls_config(tls.config())
                 .context("bad TLS certificate or key")?;
         }
+        let (stream_window, connection_window) = match self.calls.faults.get().flow_window_kib {
+            Some(kib) => (kib.saturating_mul(1024), kib.saturating_mul(4 * 1024)),
+            None => (STREAM_WINDOW, CONNECTION_WINDOW),
+        };
         builder
-            .initial_stream_window_size(STREAM_WINDOW)
-            .initial_connection_window_size(CONNECTION_WINDOW)
+            .initial_stream_window_size(stream_window)
+            .initial_connection_window_size(connection_window)
             .max_frame_size(1024 * 1024 - 1)
             .add_service(InterceptedService::new(
                 read_wire::StorageRoutes::new(self.clone(), MAX_MESSAGE),

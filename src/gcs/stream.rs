@@ -142,8 +142,8 @@ fn accepted(
 }
 
 /// The request side of an open call. It stays open while the call runs (a half-close could
-/// end the ranges still being served); dropping it half-closes the call, and dropping the
-/// `Responses` too releases the stream at both ends.
+/// end the ranges still being served); dropping it half-closes the call (unless its last
+/// message did), and dropping the `Responses` too releases the stream at both ends.
 pub(crate) struct Requests<Req> {
     send: h2::SendStream<Bytes>,
     /// The last message half-closed the call already.

@@ -36,7 +36,7 @@ const REDIRECT_TYPE: &str = "google.storage.v2.BidiWriteObjectRedirectedError";
 enum Ending {
     /// As it comes: a flush + state_lookup only when half the buffer waits unpersisted.
     Open,
-    /// With flush + state_lookup, unless one is unanswered already.
+    /// With flush + state_lookup, unless one is unanswered when the last message goes.
     Lookup,
     /// With flush + state_lookup, and the half-close of the stream.
     Close,
@@ -561,11 +561,6 @@ impl AppendWriter {
     /// message.
     async fn try_pump(&mut self, ending: Ending) -> Attempt<()> {
         self.poll_responses()?;
-        let lookup = match ending {
-            Ending::Open => self.lookups == 0 && self.pending.len() >= self.cap / 2,
-            Ending::Lookup => self.lookups == 0,
-            Ending::Close => true,
-        };
         let close = ending == Ending::Close;
         while self.sent < self.written {
             let Some((piece, piece_crc)) = self.pending.piece_from(self.sent) else {
@@ -573,7 +568,9 @@ impl AppendWriter {
             };
             let start = self.sent;
             let end = start + piece.len() as u64;
-            let ask = lookup && end >= self.written;
+            // Decided at the last message: sending the ones before it may have taken in
+            // the answer of a lookup that was outstanding when the pump began.
+            let ask = end >= self.written && self.asks_lookup(ending);
             let msg = BidiWriteObjectRequest {
                 write_offset: start as i64,
                 data: Some(Data::ChecksummedData(ChecksummedData {
@@ -591,10 +588,21 @@ impl AppendWriter {
                 return Ok(());
             }
         }
-        if lookup {
+        // Nothing was left to carry it, or the last message's own send took in the answer
+        // it counted on.
+        if self.asks_lookup(ending) {
             self.send_lookup(close).await?;
         }
         Ok(())
+    }
+
+    /// Whether a pump ending as `ending` asks for the persisted size, as things stand now.
+    fn asks_lookup(&self, ending: Ending) -> bool {
+        match ending {
+            Ending::Open => self.lookups == 0 && self.pending.len() >= self.cap / 2,
+            Ending::Lookup => self.lookups == 0,
+            Ending::Close => true,
+        }
     }
 
     /// Sends a bare flush + state_lookup; `last` half-closes the stream with it.
