@@ -66,6 +66,11 @@ fn bad_input_gets_one_clear_line_and_a_non_zero_exit() {
         "latency_ms",
     );
     assert_one_line_error(&["--memory", "--redirect-every", "0"], "redirect_every");
+    assert_one_line_error(&["--memory", "--flow-window-kib", "0"], "flow_window_kib");
+    assert_one_line_error(
+        &["--memory", "--flow-window-kib", "4294967295"],
+        "flow_window_kib",
+    );
 }
 
 #[tokio::test]

@@ -51,6 +51,10 @@ pub struct EmulatorArgs {
     /// Random chunk sizes, interleaved read_ids, trailing empty chunks.
     #[arg(long)]
     pub chaos: bool,
+    /// HTTP/2 flow-control window of each stream, in KiB (1-32768; four times that for a
+    /// connection), instead of the large one loopback affords.
+    #[arg(long)]
+    pub flow_window_kib: Option<u32>,
     /// Serve TLS with this PEM certificate (needs --tls-key); the endpoint becomes https://.
     #[arg(long, value_name = "FILE", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
@@ -84,6 +88,9 @@ struct EmulatorSection {
     faults: Faults,
 }
 
+/// The widest window `--flow-window-kib` takes: 32 MiB a stream, the default (HTTP/2
+/// allows under 2 GiB, and a connection gets four times a stream's).
+const MAX_FLOW_WINDOW_KIB: u32 = 32 * 1024;
 /// The listen address when neither a flag nor the file says.
 const DEFAULT_LISTEN: &str = "127.0.0.1:8099";
 /// How long open connections may finish after SIGINT/SIGTERM.
@@ -122,6 +129,15 @@ fn resolve(args: EmulatorArgs) -> anyhow::Result<(EmulatorOptions, SocketAddr)> 
         faults.redirect_every = args.redirect_every;
     }
     faults.chaos |= args.chaos;
+    if args.flow_window_kib.is_some() {
+        faults.flow_window_kib = args.flow_window_kib;
+    }
+    if let Some(kib) = faults.flow_window_kib {
+        anyhow::ensure!(
+            (1..=MAX_FLOW_WINDOW_KIB).contains(&kib),
+            "flow_window_kib must be between 1 and {MAX_FLOW_WINDOW_KIB}, not {kib}"
+        );
+    }
     for (name, k) in [
         ("unavailable_every", faults.unavailable_every),
         ("redirect_every", faults.redirect_every),

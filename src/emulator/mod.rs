@@ -136,7 +136,11 @@ impl Service {
                 .context("bad TLS certificate or key")?;
         }
         let (stream_window, connection_window) = match self.calls.faults.get().flow_window_kib {
-            Some(kib) => (kib.saturating_mul(1024), kib.saturating_mul(4 * 1024)),
+            // Within what HTTP/2 allows (under 2 GiB): no wider than the default.
+            Some(kib) => {
+                let stream = kib.clamp(1, STREAM_WINDOW / 1024) * 1024;
+                (stream, stream * 4)
+            }
             None => (STREAM_WINDOW, CONNECTION_WINDOW),
         };
         builder
