@@ -5,6 +5,7 @@
 use crate::config::LogFormat;
 use crate::emulator::{
     serve_secure, Emulator, EmulatorOptions, Faults, Security, ServerTls, StatsSnapshot,
+    MAX_FLOW_WINDOW_KIB,
 };
 use anyhow::Context;
 use clap::Args;
@@ -88,9 +89,6 @@ struct EmulatorSection {
     faults: Faults,
 }
 
-/// The widest window `--flow-window-kib` takes: 32 MiB a stream, the default (HTTP/2
-/// allows under 2 GiB, and a connection gets four times a stream's).
-const MAX_FLOW_WINDOW_KIB: u32 = 32 * 1024;
 /// The listen address when neither a flag nor the file says.
 const DEFAULT_LISTEN: &str = "127.0.0.1:8099";
 /// How long open connections may finish after SIGINT/SIGTERM.

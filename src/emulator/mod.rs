@@ -46,6 +46,9 @@ use store::Store;
 
 /// HTTP/2 flow-control windows: large, so one stream can carry GB/s over loopback.
 const STREAM_WINDOW: u32 = 32 * 1024 * 1024;
+/// The widest stream window the `flow_window_kib` fault takes: the default one (HTTP/2
+/// allows under 2 GiB, and a connection gets four times a stream's).
+pub const MAX_FLOW_WINDOW_KIB: u32 = STREAM_WINDOW / 1024;
 const CONNECTION_WINDOW: u32 = 64 * 1024 * 1024;
 /// Largest gRPC message accepted or sent (a 2 MiB chunk plus framing, with room to spare).
 const MAX_MESSAGE: usize = 16 * 1024 * 1024;
@@ -136,9 +139,8 @@ impl Service {
                 .context("bad TLS certificate or key")?;
         }
         let (stream_window, connection_window) = match self.calls.faults.get().flow_window_kib {
-            // Within what HTTP/2 allows (under 2 GiB): no wider than the default.
             Some(kib) => {
-                let stream = kib.clamp(1, STREAM_WINDOW / 1024) * 1024;
+                let stream = kib.clamp(1, MAX_FLOW_WINDOW_KIB) * 1024;
                 (stream, stream * 4)
             }
             None => (STREAM_WINDOW, CONNECTION_WINDOW),
