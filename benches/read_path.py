@@ -72,7 +72,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from benchlib import (binary_version, cell, columns, context_switches, cpu_seconds, ensure_packages, find_pid, fmt, git_head, is_mounted, log, machine, stop_process, summary, switches_between)
+from benchlib import (binary_version, cell, columns, context_switches, cpu_seconds, ensure_packages, find_pid, fmt, fresh_memory_line, git_head, is_mounted, log, machine, stop_process, summary, switches_between)
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -786,14 +786,16 @@ def main():
                for raw in raw_runs]
     s = summarize(per_run)
     tg = targets(s)
+    mach = machine()
     print(table(s, tg, cfg, model_desc, loads))
+    print(fresh_memory_line(mach["fresh_memory"]))
     sizes = small_sizes(cfg["files"])
     result = {
         "benchmark": "read_path (issue 18)",
         "command": " ".join(["python3", "benches/read_path.py", *sys.argv[1:]]),
         "when_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "seconds": round(seconds, 1),
-        "machine": machine(),
+        "machine": mach,
         "config": {
             **cfg,
             "big_files": BIGS,

@@ -73,7 +73,7 @@ import subprocess
 import sys
 import time
 import warnings
-from benchlib import (binary_version, cell, columns, cpu_seconds, ensure_packages, find_pid, fmt, git_head, is_mounted, log, machine, stop_process, summary)
+from benchlib import (binary_version, cell, columns, cpu_seconds, ensure_packages, find_pid, fmt, fresh_memory_line, git_head, is_mounted, log, machine, stop_process, summary)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KiB = 1 << 10
@@ -649,7 +649,9 @@ def main():
                for raw in raw_runs]
     s = summarize(per_run, cases)
     tg = targets(s)
+    mach = machine()
     print(table(s, tg, cfg, loads))
+    print(fresh_memory_line(mach["fresh_memory"]))
     for raw in raw_runs:  # keep the JSON small: fsync latencies as percentiles only
         for rec in raw.get("append", {}).values():
             rec["fsync_count"] = len(rec.pop("fsync_s"))
@@ -658,7 +660,7 @@ def main():
         "command": " ".join([os.path.basename(sys.executable), "benches/write_bench.py", *sys.argv[1:]]),
         "when_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "seconds": round(seconds, 1),
-        "machine": machine(),
+        "machine": mach,
         "config": {
             **cfg,
             "writers": cases,
