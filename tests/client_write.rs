@@ -290,3 +290,32 @@ async fn flushes_whose_lookup_rides_on_the_bytes_return_at_once() {
     assert_eq!(emu.stats().write_streams, 1, "one stream for every flush");
     assert!(read_all(&c, "flushed").await == want);
 }
+
+/// A whole-object upload hears nothing back until its last byte is in, however long the bytes
+/// take: only a wait in which no byte goes out either is a stall. With one deadline for the
+/// whole answer (`call_timeout_ms` + `stall_timeout_ms`), an upload that took longer failed
+/// every time it was retried: a staged file of some GiB against a distant service never got
+/// in. Here the deadline is 60 ms and the upload takes some hundreds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_longer_than_the_answer_deadline_completes() {
+    let emu = emulator(Faults::default()).await;
+    let mut cfg = config(emu.endpoint());
+    cfg.call_timeout_ms = 30;
+    cfg.stall_timeout_ms = 30;
+    cfg.retry_deadline_ms = 2_000;
+    let deadline = std::time::Duration::from_millis(cfg.call_timeout_ms + cfg.stall_timeout_ms);
+    let c = Client::connect(&cfg).await.unwrap();
+    let src = data(256 * MIB, 23);
+    let started = std::time::Instant::now();
+    let m = c
+        .put_object(BUCKET, "long", src.clone(), Default::default(), None)
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() > deadline,
+        "the upload took {:?}: too short to outlast the deadline here",
+        started.elapsed()
+    );
+    assert_eq!(m.size, src.len() as u64);
+    assert_eq!(m.crc32c, Some(crc32c::crc32c(&src)), "the bytes stored");
+}

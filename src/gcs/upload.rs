@@ -25,6 +25,7 @@ use bytes::Bytes;
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tonic::Status;
@@ -148,11 +149,18 @@ impl Client {
             Ok(r) => r?,
             Err(_) => return Err(Status::deadline_exceeded("upload stream open timed out").into()),
         };
-        let producer = tokio::spawn(send(source.clone(), tx));
+        let queued = Arc::new(AtomicU64::new(0));
+        let producer = tokio::spawn(send(source.clone(), tx, queued.clone()));
         let wait = Duration::from_millis(cfg.call_timeout_ms + cfg.stall_timeout_ms);
+        // The service answers once the last byte is in, however long the bytes take: only a
+        // wait in which no byte was queued either is a stall.
         let answered = async {
+            let mut seen = 0;
             loop {
                 match tokio::time::timeout(wait, rx.message()).await {
+                    Err(_) if queued.load(Ordering::Relaxed) != seen => {
+                        seen = queued.load(Ordering::Relaxed);
+                    }
                     Err(_) => return Err(Status::deadline_exceeded("upload: no answer")),
                     Ok(Ok(Some(r))) => {
                         if let Some(WriteStatus::Resource(o)) = r.write_status {
@@ -166,17 +174,27 @@ impl Client {
                 }
             }
         };
-        let answer = answered.await;
-        let sent = match producer.await {
-            Ok(r) => r,
-            Err(e) => Err(Error::Other(format!("{what}: upload reader failed: {e}"))),
+        let o = match answered.await {
+            Ok(o) => o,
+            Err(s) => {
+                // The producer may wait for room that a stalled stream never gives. A local
+                // read error that ended it first is ours: retrying will not help.
+                producer.abort();
+                if let Ok(Err(e)) = producer.await {
+                    return Err(Fail::Fatal(e));
+                }
+                return Err(s.into());
+            }
         };
-        let crc = match sent {
-            Ok(crc) => crc,
-            // A local read error is ours: nothing became live, and retrying will not help.
-            Err(e) => return Err(Fail::Fatal(e)),
+        let crc = match producer.await {
+            Ok(Ok(crc)) => crc,
+            Ok(Err(e)) => return Err(Fail::Fatal(e)),
+            Err(e) => {
+                return Err(Fail::Fatal(Error::Other(format!(
+                    "{what}: upload reader failed: {e}"
+                ))))
+            }
         };
-        let o = answer?;
         let meta = ObjectMeta::from(&o);
         if meta.size != len {
             return Err(Fail::Fatal(Error::Other(format!(
@@ -195,9 +213,13 @@ impl Client {
 }
 
 /// Sends the bytes of `source` as data messages, the last one with `finish_write` and the
-/// whole-object CRC32C; returns that CRC32C. Stops quietly when the stream goes away (the
-/// call reports why).
-async fn send(source: Source, mut tx: Requests<BidiWriteObjectRequest>) -> Result<u32> {
+/// whole-object CRC32C, counting in `queued` the bytes handed to the stream; returns that
+/// CRC32C. Stops quietly when the stream goes away (the call reports why).
+async fn send(
+    source: Source,
+    mut tx: Requests<BidiWriteObjectRequest>,
+    queued: Arc<AtomicU64>,
+) -> Result<u32> {
     let len = source.len();
     let mut crc = 0u32;
     let mut offset = 0u64;
@@ -227,6 +249,7 @@ async fn send(source: Source, mut tx: Requests<BidiWriteObjectRequest>) -> Resul
             return Ok(crc);
         }
         offset += n as u64;
+        queued.store(offset, Ordering::Relaxed);
         if last {
             return Ok(crc);
         }
