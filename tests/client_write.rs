@@ -319,3 +319,40 @@ async fn an_upload_longer_than_the_answer_deadline_completes() {
     assert_eq!(m.size, src.len() as u64);
     assert_eq!(m.crc32c, Some(crc32c::crc32c(&src)), "the bytes stored");
 }
+
+/// A service that stops reading a stream mid-write grants no more room to send and answers
+/// nothing: a stall as surely as an unanswered lookup. The writer must give that stream up
+/// and send what was not persisted on a new one; it waited for the room for ever before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_whose_stream_stops_reading_goes_on_on_a_new_one() {
+    let emu = emulator(Faults {
+        flow_window_kib: Some(256),
+        stall_new_write_after_bytes: Some(4 * MIB as u64),
+        ..Faults::default()
+    })
+    .await;
+    let mut cfg = config(emu.endpoint());
+    cfg.stall_timeout_ms = 500;
+    let c = Client::connect(&cfg).await.unwrap();
+    let src = data(40 * MIB, 29);
+    let closed = tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        let mut w = c.create_appendable(BUCKET, "stuck", None).await.unwrap();
+        for piece in src.chunks(MIB) {
+            w.append(src.slice_ref(piece)).await.unwrap();
+        }
+        w.close().await.unwrap()
+    })
+    .await
+    .expect("the writer waited for ever on a stream that stopped reading");
+    assert_eq!(closed.size, src.len() as u64);
+    assert!(
+        emu.stats().write_streams >= 2,
+        "the stalled stream was kept"
+    );
+    let stored = c.get_object(BUCKET, "stuck").await.unwrap();
+    assert_eq!(
+        stored.crc32c,
+        Some(crc32c::crc32c(&src)),
+        "the bytes stored"
+    );
+}

@@ -33,6 +33,11 @@ pub struct Faults {
     /// capacity while answers arrive, as it does against a distant server. Read once, when
     /// the emulator starts.
     pub flow_window_kib: Option<u32>,
+    /// A BidiWriteObject stream that creates its object (a `WriteObjectSpec`) stops reading
+    /// and answering once more than this many payload bytes came in, and stays open until
+    /// the client goes away: a service stuck mid-stream, which grants no more flow-control
+    /// room. A stream that reopens an object is served, so a writer that notices finishes.
+    pub stall_new_write_after_bytes: Option<u64>,
 }
 
 /// The live fault settings plus the counters that pick the k-th call.

@@ -189,6 +189,16 @@ impl<T: Send + 'static> Outbox<T> {
         }
     }
 
+    /// Resolves once the client has gone (behind an injected latency, once a message
+    /// found it gone).
+    pub async fn closed(&self) {
+        if let Some(tx) = &self.direct {
+            tx.closed().await;
+        } else if let Some(tx) = &self.delayed {
+            tx.closed().await;
+        }
+    }
+
     /// Queues one message; false when the client has gone.
     pub async fn send(&self, item: Result<T, Status>) -> bool {
         if let Some(tx) = &self.direct {

@@ -180,6 +180,9 @@ impl Service {
             out,
             received: 0,
             cut: faults.cut_write_after_bytes,
+            stall: faults
+                .stall_new_write_after_bytes
+                .filter(|_| matches!(first.first_message, Some(FirstMessage::WriteObjectSpec(_)))),
         };
         tokio::spawn(session.run(first, target, incoming));
         Ok(Response::new(stream))
@@ -215,6 +218,8 @@ struct Session {
     out: Outbox<BidiWriteObjectResponse>,
     received: u64,
     cut: Option<u64>,
+    /// Stop reading and answering past this many payload bytes (`Faults`).
+    stall: Option<u64>,
 }
 
 /// How a message left the stream.
@@ -223,6 +228,8 @@ enum Next {
     More,
     /// The object was finalized; the stream is done.
     Finished,
+    /// An injected stall: read and answer nothing more.
+    Stalled,
 }
 
 impl Session {
@@ -265,6 +272,11 @@ impl Session {
             match self.handle(m, &mut target).await {
                 Ok(Next::More) => {}
                 Ok(Next::Finished) => return,
+                Ok(Next::Stalled) => {
+                    self.out.closed().await;
+                    self.end(&mut target);
+                    return;
+                }
                 Err(status) => {
                     self.end(&mut target);
                     self.out.send(Err(status)).await;
@@ -310,6 +322,10 @@ impl Session {
         let data = m.data.map(|Data::ChecksummedData(d)| d);
         if let Some(d) = &data {
             let len = d.content.len() as u64;
+            if self.stall.is_some_and(|stall| self.received + len > stall) {
+                add(&stats.faults_injected, 1);
+                return Ok(Next::Stalled);
+            }
             add(&stats.bytes_received, len);
             if let Some(cut) = self.cut {
                 if self.received + len > cut {

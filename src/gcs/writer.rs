@@ -505,6 +505,9 @@ impl AppendWriter {
             };
             return Ok(conn.tx.send_write(msg, last)?);
         }
+        // A service that neither grants room nor answers for a whole stall has stopped, as
+        // surely as one that does not answer a lookup.
+        let stall = Duration::from_millis(self.client.config().stall_timeout_ms.max(1));
         loop {
             let Some(conn) = self.conn.as_mut() else {
                 return Err(Status::unavailable("no write stream").into());
@@ -515,6 +518,10 @@ impl AppendWriter {
                     return Ok(conn.tx.send_write(msg, last)?);
                 }
                 resp = conn.rx.message() => resp,
+                _ = tokio::time::sleep(stall) => {
+                    let stalled = format!("no room to send and no answer for {stall:?}");
+                    return Err(Status::deadline_exceeded(stalled).into());
+                }
             };
             match resp {
                 Ok(Some(r)) => self.on_response(r)?,
