@@ -356,3 +356,29 @@ async fn a_writer_whose_stream_stops_reading_goes_on_on_a_new_one() {
         "the bytes stored"
     );
 }
+
+/// A close whose last data message (which carries its flush, lookup and half-close) is cut:
+/// the writer reopens the object and sends that message again, and the close returns only
+/// once the service holds every byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_close_whose_last_message_is_cut_sends_it_again() {
+    let emu = emulator(Faults {
+        cut_write_after_bytes: Some(2 * MIB as u64 + 50 * 1024),
+        ..Faults::default()
+    })
+    .await;
+    let c = client(&emu).await;
+    let src = data(2 * MIB + 100 * 1024, 31);
+    let mut w = c.create_appendable(BUCKET, "tail", None).await.unwrap();
+    w.append(src.slice(..2 * MIB)).await.unwrap();
+    w.append(src.slice(2 * MIB..)).await.unwrap();
+    let m = w.close().await.unwrap();
+    assert_eq!(m.size, src.len() as u64);
+    let st = emu.stats();
+    assert_eq!(
+        (st.write_streams, st.faults_injected),
+        (2, 1),
+        "one cut, one reopen"
+    );
+    assert!(read_all(&c, "tail").await == src);
+}
