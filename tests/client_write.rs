@@ -295,17 +295,35 @@ async fn flushes_whose_lookup_rides_on_the_bytes_return_at_once() {
 /// take: only a wait in which no byte goes out either is a stall. With one deadline for the
 /// whole answer (`call_timeout_ms` + `stall_timeout_ms`), an upload that took longer failed
 /// every time it was retried: a staged file of some GiB against a distant service never got
-/// in. Here the deadline is 60 ms and the upload takes some hundreds.
+/// in. The deadline here is twice what 16 MiB take in this build on this machine (h2 may
+/// still hold that much when the last byte is queued), and the upload is 128 MiB.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upload_longer_than_the_answer_deadline_completes() {
-    let emu = emulator(Faults::default()).await;
+    let emu = emulator(Faults {
+        flow_window_kib: Some(8),
+        ..Faults::default()
+    })
+    .await;
+    let started = std::time::Instant::now();
+    client(&emu)
+        .await
+        .put_object(
+            BUCKET,
+            "gauge",
+            data(16 * MIB, 22),
+            Default::default(),
+            None,
+        )
+        .await
+        .unwrap();
+    let gauge_ms = started.elapsed().as_millis() as u64 + 1;
     let mut cfg = config(emu.endpoint());
-    cfg.call_timeout_ms = 30;
-    cfg.stall_timeout_ms = 30;
-    cfg.retry_deadline_ms = 2_000;
+    cfg.call_timeout_ms = gauge_ms;
+    cfg.stall_timeout_ms = gauge_ms;
+    cfg.retry_deadline_ms = 20 * gauge_ms;
     let deadline = std::time::Duration::from_millis(cfg.call_timeout_ms + cfg.stall_timeout_ms);
     let c = Client::connect(&cfg).await.unwrap();
-    let src = data(256 * MIB, 23);
+    let src = data(128 * MIB, 23);
     let started = std::time::Instant::now();
     let m = c
         .put_object(BUCKET, "long", src.clone(), Default::default(), None)
@@ -313,7 +331,7 @@ async fn an_upload_longer_than_the_answer_deadline_completes() {
         .unwrap();
     assert!(
         started.elapsed() > deadline,
-        "the upload took {:?}: too short to outlast the deadline here",
+        "the upload took {:?}: too short to outlast the {deadline:?} deadline",
         started.elapsed()
     );
     assert_eq!(m.size, src.len() as u64);
