@@ -189,8 +189,9 @@ impl<T: Send + 'static> Outbox<T> {
         }
     }
 
-    /// Resolves once the client has gone (behind an injected latency, once a message
-    /// found it gone).
+    /// Resolves once the client has gone. Behind an injected latency that is known only
+    /// when a queued message finds it gone: with nothing queued, this waits until the
+    /// emulator stops.
     pub async fn closed(&self) {
         if let Some(tx) = &self.direct {
             tx.closed().await;
