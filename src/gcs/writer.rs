@@ -299,7 +299,7 @@ impl AppendWriter {
             return Err(Status::unavailable("no write stream").into());
         };
         drop(tx);
-        let stall = Duration::from_millis(self.client.config().stall_timeout_ms.max(1));
+        let stall = self.stall();
         loop {
             match tokio::time::timeout(stall, rx.message()).await {
                 Ok(Ok(Some(resp))) => self.on_response(resp)?,
@@ -507,7 +507,7 @@ impl AppendWriter {
         }
         // A service that neither grants room nor answers for a whole stall has stopped, as
         // surely as one that does not answer a lookup.
-        let stall = Duration::from_millis(self.client.config().stall_timeout_ms.max(1));
+        let stall = self.stall();
         loop {
             let Some(conn) = self.conn.as_mut() else {
                 return Err(Status::unavailable("no write stream").into());
@@ -531,6 +531,12 @@ impl AppendWriter {
         }
     }
 
+    /// How long the stream may give neither an answer nor room to send before it counts as
+    /// broken.
+    fn stall(&self) -> Duration {
+        Duration::from_millis(self.client.config().stall_timeout_ms.max(1))
+    }
+
     /// Takes in the responses that have already arrived, without waiting.
     fn poll_responses(&mut self) -> Attempt<()> {
         loop {
@@ -548,7 +554,7 @@ impl AppendWriter {
 
     /// Waits for the next response (a stalled stream counts as broken).
     async fn next_response(&mut self) -> Attempt<BidiWriteObjectResponse> {
-        let stall = Duration::from_millis(self.client.config().stall_timeout_ms.max(1));
+        let stall = self.stall();
         let Some(conn) = self.conn.as_mut() else {
             return Err(Status::unavailable("no write stream").into());
         };
