@@ -38,6 +38,9 @@ pub struct Faults {
     /// the client goes away: a service stuck mid-stream, which grants no more flow-control
     /// room. A stream that reopens an object is served, so a writer that notices finishes.
     pub stall_new_write_after_bytes: Option<u64>,
+    /// A BidiWriteObject stream takes in payload no faster than this many KiB a second: a
+    /// slow link. Each data message is read only once its bytes' time at this rate passed.
+    pub write_kib_per_s: Option<u64>,
 }
 
 /// The live fault settings plus the counters that pick the k-th call.

@@ -18,6 +18,7 @@ use crate::proto::storage::{
     BidiWriteObjectResponse, ObjectChecksums,
 };
 use bytes::Bytes;
+use std::time::Duration;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Request, Response, Status, Streaming};
 
@@ -180,6 +181,7 @@ impl Service {
             out,
             received: 0,
             cut: faults.cut_write_after_bytes,
+            kib_per_s: faults.write_kib_per_s.filter(|&rate| rate > 0),
             stall: faults
                 .stall_new_write_after_bytes
                 .filter(|_| matches!(first.first_message, Some(FirstMessage::WriteObjectSpec(_)))),
@@ -218,6 +220,8 @@ struct Session {
     out: Outbox<BidiWriteObjectResponse>,
     received: u64,
     cut: Option<u64>,
+    /// Take in payload no faster than this (`Faults`).
+    kib_per_s: Option<u64>,
     /// Stop reading and answering past this many payload bytes (`Faults`).
     stall: Option<u64>,
 }
@@ -269,6 +273,7 @@ impl Session {
                     }
                 },
             };
+            self.carry(&m).await;
             match self.handle(m, &mut target).await {
                 Ok(Next::More) => {}
                 Ok(Next::Finished) => return,
@@ -293,6 +298,15 @@ impl Session {
             Target::Upload { segs, .. } => Ok(size_response(segs.len(), None)),
         };
         self.out.send(resp).await;
+    }
+
+    /// Waits as long as a link of the injected rate takes to carry `m`'s payload.
+    async fn carry(&self, m: &BidiWriteObjectRequest) {
+        let (Some(rate), Some(Data::ChecksummedData(d))) = (self.kib_per_s, &m.data) else {
+            return;
+        };
+        let secs = d.content.len() as f64 / (rate as f64 * 1024.0);
+        tokio::time::sleep(Duration::from_secs_f64(secs)).await;
     }
 
     /// Makes what was written durable whatever way the stream ends.
