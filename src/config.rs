@@ -55,8 +55,8 @@ pub struct GcsConfig {
     /// Largest backoff between retries, in milliseconds.
     pub max_backoff_ms: u64,
     /// A read stream with ranges outstanding that receives nothing for this long, or a write
-    /// stream that neither answers nor takes more bytes for this long, is reconnected, in
-    /// milliseconds.
+    /// stream that neither answers nor takes more bytes for this long (plus as long again for
+    /// every 2 MiB sent and not yet persisted), is reconnected, in milliseconds.
     pub stall_timeout_ms: u64,
     /// HTTP/2 connections per client for its unary calls, and as many again for its bidi read
     /// and write streams; each kind is spread over its connections round robin.

@@ -375,6 +375,47 @@ async fn a_writer_whose_stream_stops_reading_goes_on_on_a_new_one() {
     );
 }
 
+/// Over a slow link the bytes a flush or close waits for may still be queued on this side
+/// when its answer wait begins. They took the answer for a stopped service, gave the stream
+/// up and sent the bytes again on a new one; the wait now grows with what is unpersisted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flush_over_a_slow_link_waits_for_its_bytes_to_arrive() {
+    let emu = emulator(Faults {
+        write_kib_per_s: Some(8 * 1024),
+        ..Faults::default()
+    })
+    .await;
+    let mut cfg = config(emu.endpoint());
+    cfg.stall_timeout_ms = 400;
+    let stall = std::time::Duration::from_millis(cfg.stall_timeout_ms);
+    let c = Client::connect(&cfg).await.unwrap();
+    let src = data(16 * MIB, 31);
+    let (first, second) = src.split_at(8 * MIB);
+    let mut w = c.create_appendable(BUCKET, "slow", None).await.unwrap();
+    w.append(src.slice_ref(first)).await.unwrap();
+    let started = std::time::Instant::now();
+    assert_eq!(w.flush().await.unwrap(), first.len() as u64);
+    assert!(
+        started.elapsed() > stall,
+        "the flush took {:?}: too short to outlast a {stall:?} stall",
+        started.elapsed()
+    );
+    w.append(src.slice_ref(second)).await.unwrap();
+    let closed = w.close().await.unwrap();
+    assert_eq!(closed.size, src.len() as u64);
+    assert_eq!(
+        emu.stats().write_streams,
+        1,
+        "a slow answer was taken for a stall and the bytes sent again"
+    );
+    let stored = c.get_object(BUCKET, "slow").await.unwrap();
+    assert_eq!(
+        stored.crc32c,
+        Some(crc32c::crc32c(&src)),
+        "the bytes stored"
+    );
+}
+
 /// A close whose last data message (which carries its flush, lookup and half-close) is cut:
 /// the writer reopens the object and sends that message again, and the close returns only
 /// once the service holds every byte.

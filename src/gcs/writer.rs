@@ -299,16 +299,14 @@ impl AppendWriter {
             return Err(Status::unavailable("no write stream").into());
         };
         drop(tx);
-        let stall = self.stall();
         loop {
-            match tokio::time::timeout(stall, rx.message()).await {
+            let wait = self.answer_wait();
+            match tokio::time::timeout(wait, rx.message()).await {
                 Ok(Ok(Some(resp))) => self.on_response(resp)?,
                 Ok(Ok(None)) => return Ok(()),
                 Ok(Err(s)) => return Err(s.into()),
                 Err(_) => {
-                    return Err(
-                        Status::deadline_exceeded(format!("no answer for {stall:?}")).into(),
-                    )
+                    return Err(Status::deadline_exceeded(format!("no answer for {wait:?}")).into())
                 }
             }
         }
@@ -537,6 +535,16 @@ impl AppendWriter {
         Duration::from_millis(self.client.config().stall_timeout_ms.max(1))
     }
 
+    /// How long an answer may take: a stall, plus the time the bytes sent and not yet
+    /// persisted take to arrive at the slowest rate the sends accept (a message per stall).
+    /// Those bytes may still be queued on this side (h2 holds up to a window), so a slow
+    /// link that drains them is not taken for a stopped service.
+    fn answer_wait(&self) -> Duration {
+        let unpersisted = self.sent.saturating_sub(self.persisted);
+        let messages = 1.0 + unpersisted as f64 / MAX_CHUNK as f64;
+        Duration::try_from_secs_f64(self.stall().as_secs_f64() * messages).unwrap_or(Duration::MAX)
+    }
+
     /// Takes in the responses that have already arrived, without waiting.
     fn poll_responses(&mut self) -> Attempt<()> {
         loop {
@@ -552,17 +560,17 @@ impl AppendWriter {
         }
     }
 
-    /// Waits for the next response (a stalled stream counts as broken).
+    /// Waits for the next response (a stream silent past `answer_wait` counts as broken).
     async fn next_response(&mut self) -> Attempt<BidiWriteObjectResponse> {
-        let stall = self.stall();
+        let wait = self.answer_wait();
         let Some(conn) = self.conn.as_mut() else {
             return Err(Status::unavailable("no write stream").into());
         };
-        match tokio::time::timeout(stall, conn.rx.message()).await {
+        match tokio::time::timeout(wait, conn.rx.message()).await {
             Ok(Ok(Some(r))) => Ok(r),
             Ok(Ok(None)) => Err(Status::unavailable("write stream ended").into()),
             Ok(Err(s)) => Err(s.into()),
-            Err(_) => Err(Status::deadline_exceeded(format!("no answer for {stall:?}")).into()),
+            Err(_) => Err(Status::deadline_exceeded(format!("no answer for {wait:?}")).into()),
         }
     }
 
