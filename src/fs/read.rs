@@ -522,16 +522,25 @@ impl ReadPath {
             }
         }
         let counters = self.counters.clone();
-        self.blocks
-            .entry(key)
+        let entry = self
+            .blocks
+            .entry(key.clone())
             .or_try_insert_with(async move {
                 let got = pool.read(start, end - start).await?;
                 counters.bump(&counters.demand_bytes, got.len() as u64);
                 Ok::<_, crate::gcs::Error>(got)
             })
             .await
-            .map(|e| crate::metrics::cache_lookup(!e.is_fresh(), e.into_value()))
-            .map_err(|e| super::error::log_err("read", &h.key, &e))
+            .map_err(|e| super::error::log_err("read", &h.key, &e))?;
+        let hit = !entry.is_fresh();
+        let got = entry.into_value();
+        if (got.len() as u64) >= end - start {
+            return Ok(crate::metrics::cache_lookup(hit, got));
+        }
+        // The fetch joined was made for a handle that saw the object before it grew: its
+        // bytes end too soon for this one, and would shift every block after them.
+        self.blocks.invalidate(&key).await;
+        self.fetch_uncached(h, start, end).await
     }
 
     /// Starts fetching the blocks of `[from, to)` that are not cached, in the background, as
@@ -726,6 +735,32 @@ mod tests {
             reads.release(&h);
             assert_eq!(ahead(&reads) > 0, reads_ahead, "direct {direct}");
         }
+    }
+
+    /// An object that grew under the same generation: a handle that opened it shorter reads
+    /// ahead its last block short. A reader that opened it longer and joins that fetch gets
+    /// the whole block, not the short one (which shifted every block after it).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_reader_joining_a_fetch_for_a_shorter_size_gets_whole_blocks() {
+        const MIB: u64 = 1024 * 1024;
+        let big = Bytes::from((0..4 * MIB).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
+        // Each response waits 200 ms: the read-ahead is in flight when the second reader comes.
+        let (_emu, cfg) = crate::fs::test_emulator(&[("grown", big.clone())], 200_000).await;
+        let client = Client::connect(&cfg.gcs).await.expect("client");
+        let meta = ObjMeta::from(&client.get_object("b", "grown").await.expect("meta"));
+        let reads = ReadPath::new(client, "b", &cfg.read, &cfg.cache);
+        let before = ObjMeta {
+            size: 2 * MIB + 500,
+            ..meta
+        };
+        let short = reads.open("grown", &before, false);
+        let long = reads.open("grown", &meta, false);
+        reads.read(&short, 0, MIB).await.expect("read");
+        // Sequential: reads block 2 ahead, as the 500 bytes this handle knows of.
+        reads.read(&short, MIB, MIB).await.expect("read");
+        let got = reads.read(&long, 0, 4 * MIB).await.expect("read");
+        assert_eq!(got.len(), big.len());
+        assert!(got == big, "the bytes read differ from the object's");
     }
 
     #[test]
