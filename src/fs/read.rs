@@ -276,18 +276,36 @@ impl ReadPath {
         Ok(Loaded::Fetched(entry.value().len() as u64))
     }
 
-    /// Loads every block of large object `key` into the cache, a few blocks at a time.
+    /// Loads every block of large object `key` into the cache, a few blocks at a time, the
+    /// bytes in flight counted against the read-ahead budget.
     pub async fn load_blocks(&self, key: &str, meta: &ObjMeta) -> FsResult<u64> {
-        const AT_ONCE: u64 = 8;
         let h = self.open(key, meta, false);
+        let loaded = self.load_blocks_of(&h).await;
+        self.release(&h);
+        loaded.map(|()| h.size)
+    }
+
+    async fn load_blocks_of(&self, h: &Handle) -> FsResult<()> {
+        const AT_ONCE: u64 = 8;
         let mut at = 0;
         while at < h.size {
             let end = (at + AT_ONCE * self.block).min(h.size);
-            self.read_blocks(&h, at, end).await?;
+            let permits = u32::try_from((end - at).div_ceil(PERMIT_BYTES))
+                .unwrap_or(u32::MAX)
+                .min(self.demand_permits);
+            let _permit = self
+                .prefetch_budget
+                .acquire_many(permits)
+                .await
+                .map_err(|_| Errno::EIO)?;
+            let fetches = (at / self.block..=(end - 1) / self.block).map(|i| {
+                let start = i * self.block;
+                self.cached(h, i, start, (start + self.block).min(h.size))
+            });
+            futures::future::try_join_all(fetches).await?;
             at = end;
         }
-        self.release(&h);
-        Ok(h.size)
+        Ok(())
     }
 
     /// True when small object `h` is in the cache, or a prefetch of it has begun: a read then
@@ -761,6 +779,30 @@ mod tests {
         let got = reads.read(&long, 0, 4 * MIB).await.expect("read");
         assert_eq!(got.len(), big.len());
         assert!(got == big, "the bytes read differ from the object's");
+    }
+
+    /// Warming a large object counts its bytes in flight against the read-ahead budget.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn loading_a_large_object_takes_the_read_ahead_budget() {
+        const MIB: u64 = 1024 * 1024;
+        let big = Bytes::from(vec![3u8; (16 * MIB) as usize]);
+        let (_emu, cfg) = crate::fs::test_emulator(&[("big", big)], 100_000).await;
+        let client = Client::connect(&cfg.gcs).await.expect("client");
+        let meta = ObjMeta::from(&client.get_object("b", "big").await.expect("meta"));
+        let reads = Arc::new(ReadPath::new(client, "b", &cfg.read, &cfg.cache));
+        let all = reads.prefetch_budget.available_permits();
+        let load = tokio::spawn({
+            let reads = reads.clone();
+            async move { reads.load_blocks("big", &meta).await }
+        });
+        let mut least = all;
+        while !load.is_finished() {
+            least = least.min(reads.prefetch_budget.available_permits());
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert_eq!(load.await.expect("joined"), Ok(16 * MIB));
+        assert!(least < all, "the load took none of the budget");
+        assert_eq!(reads.prefetch_budget.available_permits(), all);
     }
 
     #[test]
