@@ -254,7 +254,8 @@ impl ReadPath {
                 // A stream of its own, closed when done: prefetched objects keep no stream
                 // open. Read in one go by this task; after a failure (a redirect, a cut) by
                 // a reader, which reconnects and retries.
-                if let Ok(whole) = client.read_once(&bucket, &what, generation, 0, size).await {
+                let once = client.read_once_to_keep(&bucket, &what, generation, 0, size);
+                if let Ok(whole) = once.await {
                     return Ok(whole);
                 }
                 let (_reader, pending) = client

@@ -24,6 +24,18 @@ pub(crate) fn joined(mut chunks: Vec<Bytes>, len: usize) -> Bytes {
     whole.freeze()
 }
 
+/// Results smaller than this that a caller keeps are copied out of their receive buffer.
+const OWN_COPY_BELOW: usize = 256 * 1024;
+
+/// As `joined`, for bytes a caller keeps (a cache): one small chunk is copied, since as a
+/// slice it would keep the whole receive buffer it arrived in alive (up to a frame's 16 MiB).
+pub(crate) fn joined_to_keep(chunks: Vec<Bytes>, len: usize) -> Bytes {
+    match chunks.as_slice() {
+        [one] if len < OWN_COPY_BELOW => Bytes::copy_from_slice(one),
+        _ => joined(chunks, len),
+    }
+}
+
 /// Where a range's chunks go, in order; dropping the sender marks the range complete.
 pub(crate) type Sink = mpsc::UnboundedSender<Result<Bytes>>;
 
@@ -169,6 +181,26 @@ impl RangeTable {
 mod tests {
     use super::*;
     use crate::proto::storage::ChecksummedData;
+
+    /// The allocation a lone `Bytes` keeps alive, once nothing else shares it.
+    fn holds(b: Bytes) -> usize {
+        b.try_into_mut().map_or(usize::MAX, |m| m.capacity())
+    }
+
+    #[test]
+    fn a_small_chunk_kept_is_copied_out_of_its_receive_buffer() {
+        let received = |len| Bytes::from(vec![5u8; 4 << 20]).slice(..len);
+        assert_eq!(holds(joined(vec![received(100_000)], 100_000)), 4 << 20);
+        assert_eq!(
+            holds(joined_to_keep(vec![received(100_000)], 100_000)),
+            100_000
+        );
+        // A large one is worth its buffer's slack more than a copy.
+        assert_eq!(
+            holds(joined_to_keep(vec![received(1 << 20)], 1 << 20)),
+            4 << 20
+        );
+    }
 
     #[test]
     fn the_chunk_checksum_is_crc32c() {

@@ -5,7 +5,7 @@
 //! bad chunk) is returned, and the caller falls back to a `BidiReader`, which handles them.
 //! Every chunk passes the same checks as on a `BidiReader` (CRC32C, offset, bounds).
 
-use super::ranges::{joined, BadChunk, RangeTable};
+use super::ranges::{joined, joined_to_keep, BadChunk, RangeTable};
 use super::{bucket_path, object_url, retry, stream, Client, Error, Result};
 use crate::proto::storage::{BidiReadObjectRequest, BidiReadObjectSpec, ReadRange};
 use bytes::Bytes;
@@ -16,7 +16,8 @@ use tokio::sync::mpsc;
 
 impl Client {
     /// The bytes `[offset, offset + len)` of `object` at `generation`, which must lie inside
-    /// the object; fewer is an error.
+    /// the object; fewer is an error. They may be a slice of the buffer they were received
+    /// in: for a caller that uses them and lets them go.
     pub async fn read_once(
         &self,
         bucket: &str,
@@ -25,6 +26,37 @@ impl Client {
         offset: u64,
         len: u64,
     ) -> Result<Bytes> {
+        let (parts, got) = self
+            .read_once_parts(bucket, object, generation, offset, len)
+            .await?;
+        Ok(joined(parts, got))
+    }
+
+    /// As `read_once`, for a caller that keeps the bytes (a cache): a small result is copied
+    /// out of its receive buffer rather than keep all of that alive.
+    pub async fn read_once_to_keep(
+        &self,
+        bucket: &str,
+        object: &str,
+        generation: i64,
+        offset: u64,
+        len: u64,
+    ) -> Result<Bytes> {
+        let (parts, got) = self
+            .read_once_parts(bucket, object, generation, offset, len)
+            .await?;
+        Ok(joined_to_keep(parts, got))
+    }
+
+    /// The range's chunks as they arrived, and their total length.
+    async fn read_once_parts(
+        &self,
+        bucket: &str,
+        object: &str,
+        generation: i64,
+        offset: u64,
+        len: u64,
+    ) -> Result<(Vec<Bytes>, usize)> {
         let what = object_url(bucket, object);
         let (tx, mut chunks) = mpsc::unbounded_channel();
         let mut ranges = RangeTable::new(Arc::new(AtomicUsize::new(1)));
@@ -89,6 +121,6 @@ impl Client {
                 offset + len
             )));
         }
-        Ok(joined(parts, got))
+        Ok((parts, got))
     }
 }

@@ -8,7 +8,7 @@
 //! only for the unfinished remainder of every range; after the retry deadline passes without
 //! progress, every caller gets `Error::Unavailable`. Touches only its own stream.
 
-use super::ranges::{joined, BadChunk, RangeTable, Sink};
+use super::ranges::{joined_to_keep, BadChunk, RangeTable, Sink};
 use super::retry::{self, Backoff};
 use super::{bucket_path, object_url, stream, Client, Error, ObjectMeta, Result};
 use crate::proto::storage::{
@@ -28,8 +28,6 @@ use tonic::Status;
 /// The wire limit of ranges in one request message.
 const MAX_RANGES_PER_MESSAGE: usize = 100;
 const REDIRECT_TYPE: &str = "google.storage.v2.BidiReadObjectRedirectedError";
-/// `read` results smaller than this are copied out of the receive buffer they arrived in.
-const OWN_COPY_BELOW: u64 = 256 * 1024;
 
 /// One BidiReadObject session: many ranges in flight, reconnects invisibly. Cheap to clone
 /// (Arc inside); clones share the stream. Dropping the last clone closes the stream.
@@ -266,11 +264,7 @@ impl PendingRead {
         if got != self.len {
             return Err(self.shared.short(self.offset, self.len, got));
         }
-        Ok(match chunks.as_slice() {
-            // A small slice of a large receive buffer would pin all of it in a cache.
-            [one] if self.len < OWN_COPY_BELOW => Bytes::copy_from_slice(one),
-            _ => joined(chunks, self.len as usize),
-        })
+        Ok(joined_to_keep(chunks, self.len as usize))
     }
 }
 
