@@ -657,3 +657,58 @@ fn a_created_file_not_yet_at_the_service_is_found_and_statted_here() {
         assert_eq!(env.client.get_object("b", "f").await.expect("f").size, 5);
     });
 }
+
+/// A file open for writing in a directory that is renamed goes on writing under the new
+/// name, as after a rename of the file itself: the folder's move fenced its stream, and its
+/// next flush failed (EIO) with half the bytes stored.
+#[test]
+fn a_file_open_for_writing_goes_on_when_its_directory_is_renamed() {
+    let env = FsEnv::new("b", |_| {});
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let d = fs.mkdir(ROOT_INO, "d").await.expect("mkdir").attr.ino;
+        let (_, f) = fs.create(d, "f", libc::O_WRONLY).await.expect("create");
+        let first = vec![1u8; 1 << 20];
+        fs.write(f.fh, 0, first.clone().into())
+            .await
+            .expect("write");
+        fs.rename(ROOT_INO, "d", ROOT_INO, "e", 0)
+            .await
+            .expect("rename the directory");
+        fs.write(f.fh, 1 << 20, vec![2u8; 1 << 20].into())
+            .await
+            .expect("write after the rename");
+        fs.flush(f.fh).await.expect("close after the rename");
+        fs.release_write(f.fh).await;
+        let stored = in_bucket(&env, "e/f").await;
+        assert_eq!(stored.len(), 2 << 20, "every byte under the new name");
+        assert!(stored[..1 << 20] == first[..] && stored[1 << 20..].iter().all(|&b| b == 2));
+        assert!(
+            env.client.get_object("b", "d/f").await.is_err(),
+            "nothing left behind"
+        );
+    });
+}
+
+/// A rename of a file being rewritten moves the object as it was: the rewrite replaces it at
+/// the close, never half-edited (the rename uploaded the staged copy as it stood).
+#[test]
+fn a_rename_moves_a_file_being_rewritten_as_it_was() {
+    let env = FsEnv::new("b", |_| {});
+    env.put("f", b"0123456789");
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let ino = fs.lookup(ROOT_INO, "f").await.expect("f").attr.ino;
+        let w = fs.open_write(ino, true).await.expect("open with O_TRUNC");
+        fs.write(w.fh, 0, b"abc".to_vec().into())
+            .await
+            .expect("write");
+        fs.rename(ROOT_INO, "f", ROOT_INO, "g", 0)
+            .await
+            .expect("rename while rewritten");
+        assert_eq!(&in_bucket(&env, "g").await[..], b"0123456789");
+        fs.flush(w.fh).await.expect("close");
+        fs.release_write(w.fh).await;
+        assert_eq!(&in_bucket(&env, "g").await[..], b"abc");
+    });
+}

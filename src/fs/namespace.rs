@@ -199,7 +199,7 @@ impl Fs {
             return Err(Errno(libc::EEXIST));
         }
         let from = src.key();
-        let to = match src.kind {
+        match src.kind {
             // A link's object moves like a file's and keeps its metadata, so it stays a link.
             Kind::File | Kind::Symlink => {
                 if dst.as_ref().is_some_and(|d| d.kind == Kind::Dir) {
@@ -219,9 +219,8 @@ impl Fs {
                         src.kind,
                     )
                 };
-                return self
-                    .move_file(&src, &to, flags & RENAME_NOREPLACE != 0, renamed)
-                    .await;
+                self.move_file(&src, &to, flags & RENAME_NOREPLACE != 0, renamed)
+                    .await
             }
             Kind::Dir => {
                 if dst.as_ref().is_some_and(|d| d.kind != Kind::Dir) {
@@ -238,20 +237,23 @@ impl Fs {
                 // one whose create failed left nothing to move.
                 let _ = self.settle_created_under(&from).await;
                 let i = &self.inner;
-                i.client
-                    .rename_folder(&i.bucket, &from, &to)
+                // Files open for writing inside go on under the new name, as after a file's
+                // rename: their streams would be fenced by the move.
+                i.writes
+                    .moving_under(&from, || async {
+                        i.client
+                            .rename_folder(&i.bucket, &from, &to)
+                            .await
+                            .map_err(|e| match e {
+                                gcs::Error::AlreadyExists(_) => Errno(libc::ENOTEMPTY),
+                                e => log_err("rename", &from, &e),
+                            })?;
+                        i.sb.renamed((parent, name), (newparent, newname), (&from, &to), src.kind);
+                        Ok(())
+                    })
                     .await
-                    .map_err(|e| match e {
-                        gcs::Error::AlreadyExists(_) => Errno(libc::ENOTEMPTY),
-                        e => log_err("rename", &from, &e),
-                    })?;
-                to
             }
-        };
-        self.inner
-            .sb
-            .renamed((parent, name), (newparent, newname), (&from, &to), src.kind);
-        Ok(())
+        }
     }
 
     /// Moves file `src` to key `to`, then `renamed` tells the superblock, which moves the

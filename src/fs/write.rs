@@ -115,6 +115,31 @@ fn not_taken_over(key: &str, ended: Option<u64>, meta: &ObjectMeta) -> FsResult<
     }
 }
 
+/// Makes what `fw` streamed durable before its object moves (a failed writer fails the
+/// move). A staged copy stays as it is: it replaces the moved object later.
+async fn held_for_move(fw: &FileWriter, st: &mut State) -> FsResult<()> {
+    match st {
+        State::Failed(e) => Err(*e),
+        _ => persist_stream(fw, st).await,
+    }
+}
+
+/// The object a writer in state `st` wrote moved, as `generation`: a stream made durable
+/// before goes on as a takeover of the moved object, a staged copy replaces it.
+fn moved(st: &mut State, generation: i64) {
+    match st {
+        State::Open { .. } => {
+            *st = State::Idle {
+                generation,
+                ended: None,
+            }
+        }
+        State::Idle { generation: g, .. } => *g = generation,
+        State::Staged(s) => s.base = generation,
+        State::Failed(_) | State::Done => {}
+    }
+}
+
 /// Flushes the stream of `fw`, whose state `st` is `Open`; a failure fails the writer.
 async fn persist_stream(fw: &FileWriter, st: &mut State) -> FsResult<()> {
     let State::Open { w, held } = st else {
@@ -266,9 +291,10 @@ impl Writes {
 
     /// Moves the object of `ino` (rename while open) with `mv`, which returns the moved
     /// object's generation and gives the inode its new key. The inode's writer, if it has
-    /// one, is made durable first and held still until then: a write, flush or release that
-    /// came in between would go to the old object or look for it under the old key (and
-    /// fail the writer). Later writes continue on the moved object.
+    /// one, has its streamed bytes made durable first and is held still until then: a write,
+    /// flush or release that came in between would go to the old object or look for it under
+    /// the old key (and fail the writer). Later writes continue on the moved object; a staged
+    /// copy, never uploaded half-edited, will replace the moved object at its fsync or close.
     pub async fn moving<Fut>(&self, ino: u64, mv: impl FnOnce() -> Fut) -> FsResult<()>
     where
         Fut: std::future::Future<Output = FsResult<i64>>,
@@ -277,19 +303,40 @@ impl Writes {
             return mv().await.map(|_| ());
         };
         let mut st = fw.state.lock().await;
-        self.flush_held(&fw, &mut st).await?;
+        held_for_move(&fw, &mut st).await?;
         let generation = mv().await?;
-        match &mut *st {
-            // Made durable above and held since: the moved object has every byte streamed.
-            State::Open { .. } => {
-                *st = State::Idle {
-                    generation,
-                    ended: None,
-                }
+        moved(&mut st, generation);
+        Ok(())
+    }
+
+    /// `moving` for every writer of a file under directory `from`, which `mv` moves (a
+    /// directory rename) and whose inodes it gives their new keys. Each moved object is then
+    /// looked up, for the generation its writer goes on with.
+    pub async fn moving_under<Fut>(&self, from: &str, mv: impl FnOnce() -> Fut) -> FsResult<()>
+    where
+        Fut: std::future::Future<Output = FsResult<()>>,
+    {
+        let mut writers: Vec<Arc<FileWriter>> = lock(&self.by_ino)
+            .values()
+            .filter(|(fw, _)| fw.inode.key().starts_with(from))
+            .map(|(fw, _)| fw.clone())
+            .collect();
+        // One order for every caller: two renames of overlapping trees never wait on each
+        // other's writers.
+        writers.sort_by_key(|fw| fw.inode.ino);
+        let mut held = Vec::with_capacity(writers.len());
+        for fw in &writers {
+            let mut st = fw.state.lock().await;
+            held_for_move(fw, &mut st).await?;
+            held.push(st);
+        }
+        mv().await?;
+        for (fw, st) in writers.iter().zip(held.iter_mut()) {
+            let key = fw.inode.key();
+            match self.client.get_object(&self.bucket, &key).await {
+                Ok(meta) => moved(st, meta.generation),
+                Err(e) => **st = State::Failed(log_err("rename", &key, &e)),
             }
-            State::Idle { generation: g, .. } => *g = generation,
-            State::Staged(s) => s.base = generation,
-            State::Failed(_) | State::Done => {}
         }
         Ok(())
     }
