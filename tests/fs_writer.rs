@@ -690,6 +690,46 @@ fn a_file_open_for_writing_goes_on_when_its_directory_is_renamed() {
     });
 }
 
+/// A file open for writing that a rename replaces goes on as after an unlink: its handle
+/// writes and closes without error, and nothing it does reaches the bucket or the name,
+/// which now holds the renamed file (its release put its own, older metadata in the
+/// directory's listing under that name).
+#[test]
+fn a_file_replaced_by_a_rename_while_open_goes_on_writing() {
+    let env = FsEnv::new("b", |_| {});
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let d = fs.mkdir(ROOT_INO, "d").await.expect("mkdir").attr.ino;
+        let (_, old) = fs.create(d, "b", libc::O_WRONLY).await.expect("create");
+        fs.write(old.fh, 0, b"old content".to_vec().into())
+            .await
+            .expect("write");
+        let (new, a) = fs.create(d, "a", libc::O_WRONLY).await.expect("create");
+        fs.write(a.fh, 0, b"new".to_vec().into())
+            .await
+            .expect("write");
+        fs.flush(a.fh).await.expect("close");
+        fs.release_write(a.fh).await;
+        fs.rename(d, "a", d, "b", 0).await.expect("rename over");
+        // Listed again, then the kernel forgets the renamed file's inode: a later lookup of
+        // "b" makes a new one from the listing.
+        let renamed = fs.lookup(d, "b").await.expect("b");
+        fs.forget(renamed.attr.ino, 1);
+        fs.forget(new.attr.ino, 1);
+        fs.write(old.fh, 11, b", more".to_vec().into())
+            .await
+            .expect("write to the replaced file");
+        fs.flush(old.fh).await.expect("close of the replaced file");
+        fs.release_write(old.fh).await;
+        assert_eq!(&in_bucket(&env, "d/b").await[..], b"new");
+        let b = fs.lookup(d, "b").await.expect("b");
+        assert_eq!(b.attr.size, 3, "the renamed file's size");
+        let opened = fs.open(b.attr.ino, false, false).await.expect("open");
+        assert_eq!(&fs.read(opened.fh, 0, 100).await.expect("read")[..], b"new");
+        fs.release(opened.fh);
+    });
+}
+
 /// A rename of a file being rewritten moves the object as it was: the rewrite replaces it at
 /// the close, never half-edited (the rename uploaded the staged copy as it stood).
 #[test]

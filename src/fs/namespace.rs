@@ -210,6 +210,9 @@ impl Fs {
                     // A create of the target still on its way would land after the move; one
                     // that failed left nothing there.
                     let _ = self.settle_created(d).await;
+                    // Open for writing: its handles go on with a staged copy once it is
+                    // replaced, as after an unlink.
+                    self.inner.writes.stage_for_unlink(d.ino).await;
                 }
                 let renamed = || {
                     self.inner.sb.renamed(
@@ -220,7 +223,11 @@ impl Fs {
                     )
                 };
                 self.move_file(&src, &to, flags & RENAME_NOREPLACE != 0, renamed)
-                    .await
+                    .await?;
+                if let Some(d) = &dst {
+                    self.inner.writes.unlinked(d.ino).await;
+                }
+                Ok(())
             }
             Kind::Dir => {
                 if dst.as_ref().is_some_and(|d| d.kind != Kind::Dir) {

@@ -867,8 +867,8 @@ impl Superblock {
     }
 
     /// Event: file `inode` was written (its size changed): its directory's cached listing,
-    /// taken while it grew, holds an old size, and gets the inode's. No other listing
-    /// changed.
+    /// taken while it grew, holds an old size, and gets the inode's (or is dropped, when the
+    /// name no longer leads to the inode). No other listing changed.
     pub(super) fn written(&self, inode: &Inode) {
         self.unanswered.remove(inode);
         let key = inode.key();
@@ -877,7 +877,9 @@ impl Superblock {
         let Some(c) = &self.listings else {
             return;
         };
-        let Some(meta) = inode.meta().0 else {
+        // An inode its name no longer leads to (unlinked, replaced by a rename, or forgotten)
+        // would put the metadata of a version that is gone, or not its own, under that name.
+        let Some(meta) = inode.meta().0.filter(|_| inode.is_named()) else {
             self.drop_listing(dkey);
             return;
         };
