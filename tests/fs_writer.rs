@@ -752,3 +752,31 @@ fn a_rename_moves_a_file_being_rewritten_as_it_was() {
         assert_eq!(&in_bucket(&env, "g").await[..], b"abc");
     });
 }
+
+/// A reader that opens a file being rewritten reads the rewrite as it stands, from its staged
+/// copy, and the object stays as it was until the rewrite's close (the open uploaded the
+/// copy half-edited, which a crash would then have left in place of the old version).
+#[test]
+fn a_reader_of_a_file_being_rewritten_reads_the_rewrite_and_uploads_nothing() {
+    let env = FsEnv::new("b", |_| {});
+    env.put("f", b"0123456789");
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let ino = fs.lookup(ROOT_INO, "f").await.expect("f").attr.ino;
+        let w = fs.open_write(ino, true).await.expect("open with O_TRUNC");
+        fs.write(w.fh, 0, b"abc".to_vec().into())
+            .await
+            .expect("write");
+        let r = fs.open(ino, false, false).await.expect("open to read");
+        assert_eq!(&fs.read(r.fh, 0, 100).await.expect("read")[..], b"abc");
+        assert_eq!(&in_bucket(&env, "f").await[..], b"0123456789");
+        fs.write(w.fh, 3, b"def".to_vec().into())
+            .await
+            .expect("write");
+        fs.flush(w.fh).await.expect("close");
+        fs.release_write(w.fh).await;
+        assert_eq!(&in_bucket(&env, "f").await[..], b"abcdef");
+        assert_eq!(&fs.read(r.fh, 0, 100).await.expect("read")[..], b"abcdef");
+        fs.release(r.fh);
+    });
+}

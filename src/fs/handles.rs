@@ -15,6 +15,9 @@ enum Open {
     File {
         read: Arc<ReadSide>,
         writer: Option<Arc<FileWriter>>,
+        /// A reading handle opened while its file was being rewritten: the writer whose
+        /// staged copy it reads, for as long as there is one.
+        rewrite: Option<Arc<FileWriter>>,
         /// The process (thread id) that opened it, when the kernel said.
         opener: Option<u32>,
     },
@@ -54,6 +57,7 @@ impl Handles {
         self.add(Open::File {
             read,
             writer: None,
+            rewrite: None,
             opener: None,
         })
     }
@@ -91,6 +95,21 @@ impl Handles {
     pub(super) fn set_writer(&self, fh: u64, w: Arc<FileWriter>) {
         if let Some(Open::File { writer, .. }) = self.table().get_mut(&fh) {
             *writer = Some(w);
+        }
+    }
+
+    /// The rewrite that reading handle `fh` reads, while it reads one.
+    pub(super) fn rewrite(&self, fh: u64) -> Option<Arc<FileWriter>> {
+        match self.table().get(&fh) {
+            Some(Open::File { rewrite, .. }) => rewrite.clone(),
+            _ => None,
+        }
+    }
+
+    /// Reading handle `fh` reads the staged copy of `w` (`Some`), or its own version (`None`).
+    pub(super) fn set_rewrite(&self, fh: u64, w: Option<Arc<FileWriter>>) {
+        if let Some(Open::File { rewrite, .. }) = self.table().get_mut(&fh) {
+            *rewrite = w;
         }
     }
 

@@ -327,10 +327,16 @@ impl Fs {
             // The kernel follows links itself and opens their targets: this is O_NOFOLLOW.
             Kind::Symlink => return Err(Errno(libc::ELOOP)),
         }
-        // Bytes written through this mount must be in the service before a reader opens.
-        self.inner.writes.settle(ino).await?;
+        // Bytes written through this mount must be in the service before a reader opens,
+        // or, while the file is rewritten, read from the rewrite's staged copy.
+        let rewrite = self.inner.writes.ready_for_reader(ino).await?;
         let meta = self.inner.sb.fresh_meta(&inode).await?;
-        Ok(self.open_at(&inode, &meta, direct))
+        let mut opened = self.open_at(&inode, &meta, direct);
+        if rewrite.is_some() {
+            opened.keep_cache = false;
+            self.inner.handles.set_rewrite(opened.fh, rewrite);
+        }
+        Ok(opened)
     }
 
     /// `open` for reading when nothing needs a call or a wait (no write of the file pending
@@ -422,6 +428,13 @@ impl Fs {
 
     /// Reads up to `size` bytes at `offset` of open file `fh`, from the version it opened.
     pub async fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Bytes> {
+        if let Some(fw) = self.inner.handles.rewrite(fh) {
+            if let Some(staged) = self.inner.writes.read_staged(&fw, offset, size).await {
+                return staged;
+            }
+            // The rewrite is over (uploaded, or given up): on with the version there is now.
+            self.reopen_after_rewrite(fh, &fw.written().0).await?;
+        }
         let writer = self.inner.handles.writer(fh);
         if let Some(fw) = &writer {
             if let Some(staged) = self.inner.writes.read_staged(fw, offset, size).await {
@@ -441,6 +454,19 @@ impl Fs {
             };
         }
         self.read_version(&handle, offset, size).await
+    }
+
+    /// Reading handle `fh` of `inode`, opened while the file was rewritten, reads the
+    /// file's version now that the rewrite is over.
+    async fn reopen_after_rewrite(&self, fh: u64, inode: &Inode) -> FsResult<()> {
+        let old = self.inner.handles.read_side(fh).ok_or(Errno::EBADF)?;
+        let meta = self.inner.sb.fresh_meta(inode).await?;
+        let fresh = Arc::new(self.inner.reads.open(&inode.key(), &meta, old.direct()));
+        if let Some(old) = self.inner.handles.replace_read_side(fh, fresh) {
+            self.inner.reads.release(&old);
+        }
+        self.inner.handles.set_rewrite(fh, None);
+        Ok(())
     }
 
     /// The write share of the memory budget: what all writers together may hold

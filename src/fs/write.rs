@@ -704,6 +704,23 @@ impl Writes {
         }
     }
 
+    /// Readies `ino` for a new reader: streamed bytes are made durable, so that the reader
+    /// finds them in the object; a file being rewritten gives its writer (`Some`), whose
+    /// staged copy the reader reads instead, since uploading it half-edited would replace the
+    /// version before it.
+    pub async fn ready_for_reader(&self, ino: u64) -> FsResult<Option<Arc<FileWriter>>> {
+        let Some(fw) = self.writer_of(ino) else {
+            return Ok(None);
+        };
+        let mut st = fw.state.lock().await;
+        match &*st {
+            State::Staged(_) => Ok(Some(fw.clone())),
+            State::Failed(e) => Err(*e),
+            State::Open { .. } => persist_stream(&fw, &mut st).await.map(|()| None),
+            State::Idle { .. } | State::Done => Ok(None),
+        }
+    }
+
     /// Makes the service hold everything written to `ino` so far, so a new reader sees it.
     pub async fn settle(&self, ino: u64) -> FsResult<()> {
         let fw = self.writer_of(ino);

@@ -121,6 +121,8 @@ impl Fs {
             .attach_existing(&inode, meta.generation, meta.size)
             .0;
         self.inner.handles.set_writer(opened.fh, fw.clone());
+        // Its own writer's staged copy, if any, is read as the writer's.
+        self.inner.handles.set_rewrite(opened.fh, None);
         if truncate {
             if let Err(e) = self.inner.writes.set_size(&fw, 0).await {
                 self.release_write(opened.fh).await;
