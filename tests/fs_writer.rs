@@ -668,6 +668,12 @@ fn a_file_open_for_writing_goes_on_when_its_directory_is_renamed() {
     env.rt.block_on(async {
         let d = fs.mkdir(ROOT_INO, "d").await.expect("mkdir").attr.ino;
         let (_, f) = fs.create(d, "f", libc::O_WRONLY).await.expect("create");
+        // Unlinked while open: nothing of it moves, and its handle goes on all the same.
+        let (_, tmp) = fs.create(d, "tmp", libc::O_RDWR).await.expect("create");
+        fs.write(tmp.fh, 0, b"abc".to_vec().into())
+            .await
+            .expect("write");
+        fs.unlink(d, "tmp").await.expect("unlink while open");
         let first = vec![1u8; 1 << 20];
         fs.write(f.fh, 0, first.clone().into())
             .await
@@ -680,6 +686,13 @@ fn a_file_open_for_writing_goes_on_when_its_directory_is_renamed() {
             .expect("write after the rename");
         fs.flush(f.fh).await.expect("close after the rename");
         fs.release_write(f.fh).await;
+        fs.write(tmp.fh, 3, b"def".to_vec().into())
+            .await
+            .expect("write to the unlinked file after the rename");
+        assert_eq!(&fs.read(tmp.fh, 0, 100).await.expect("read")[..], b"abcdef");
+        fs.flush(tmp.fh).await.expect("close of the unlinked file");
+        fs.release_write(tmp.fh).await;
+        assert!(env.client.get_object("b", "e/tmp").await.is_err());
         let stored = in_bucket(&env, "e/f").await;
         assert_eq!(stored.len(), 2 << 20, "every byte under the new name");
         assert!(stored[..1 << 20] == first[..] && stored[1 << 20..].iter().all(|&b| b == 2));

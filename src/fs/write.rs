@@ -311,14 +311,15 @@ impl Writes {
 
     /// `moving` for every writer of a file under directory `from`, which `mv` moves (a
     /// directory rename) and whose inodes it gives their new keys. Each moved object is then
-    /// looked up, for the generation its writer goes on with.
+    /// looked up, for the generation its writer goes on with. A writer that failed before
+    /// stays failed, and an unlinked file's, whose object is gone, is not moved.
     pub async fn moving_under<Fut>(&self, from: &str, mv: impl FnOnce() -> Fut) -> FsResult<()>
     where
         Fut: std::future::Future<Output = FsResult<()>>,
     {
         let mut writers: Vec<Arc<FileWriter>> = lock(&self.by_ino)
             .values()
-            .filter(|(fw, _)| fw.inode.key().starts_with(from))
+            .filter(|(fw, _)| fw.inode.is_named() && fw.inode.key().starts_with(from))
             .map(|(fw, _)| fw.clone())
             .collect();
         // One order for every caller: two renames of overlapping trees never wait on each
@@ -327,11 +328,16 @@ impl Writes {
         let mut held = Vec::with_capacity(writers.len());
         for fw in &writers {
             let mut st = fw.state.lock().await;
-            held_for_move(fw, &mut st).await?;
+            if !matches!(*st, State::Failed(_)) {
+                held_for_move(fw, &mut st).await?;
+            }
             held.push(st);
         }
         mv().await?;
         for (fw, st) in writers.iter().zip(held.iter_mut()) {
+            if matches!(**st, State::Failed(_) | State::Done) {
+                continue;
+            }
             let key = fw.inode.key();
             match self.client.get_object(&self.bucket, &key).await {
                 Ok(meta) => moved(st, meta.generation),
