@@ -793,3 +793,27 @@ fn a_reader_of_a_file_being_rewritten_reads_the_rewrite_and_uploads_nothing() {
         fs.release(r.fh);
     });
 }
+
+/// A reader of a rewrite that fails (here: it outgrew the staging limit) gets the rewrite's
+/// error, not the old version's bytes where the edit's were.
+#[test]
+fn a_reader_of_a_rewrite_that_failed_gets_its_error() {
+    let env = FsEnv::new("b", |cfg| cfg.write.staging_limit_mb = 1);
+    env.put("f", b"0123456789");
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let ino = fs.lookup(ROOT_INO, "f").await.expect("f").attr.ino;
+        let w = fs.open_write(ino, true).await.expect("open with O_TRUNC");
+        fs.write(w.fh, 0, b"abc".to_vec().into())
+            .await
+            .expect("write");
+        let r = fs.open(ino, false, false).await.expect("open to read");
+        assert_eq!(&fs.read(r.fh, 0, 100).await.expect("read")[..], b"abc");
+        let too_much = fs.write(w.fh, 3, vec![7u8; 2 << 20].into()).await;
+        assert_eq!(too_much.err(), Some(Errno(libc::ENOSPC)));
+        assert_eq!(fs.read(r.fh, 0, 100).await, Err(Errno(libc::ENOSPC)));
+        fs.release_write(w.fh).await;
+        fs.release(r.fh);
+        assert_eq!(&in_bucket(&env, "f").await[..], b"0123456789");
+    });
+}

@@ -1,6 +1,7 @@
 //! The one table of open handles, shared by the read and write paths: a file handle's read
-//! side (pinned to the version it opened) and, when it writes, the writer it shares with the
-//! other writing handles of its inode; a directory handle's cursor (the listing it reads).
+//! side (pinned to the version it opened), the rewrite it reads when it opened during one,
+//! and, when it writes, the writer it shares with the other writing handles of its inode; a
+//! directory handle's cursor (the listing it reads).
 
 use super::listing::Listing;
 use super::lock;

@@ -314,8 +314,9 @@ impl Fs {
     }
 
     /// Opens a file for reading (`open_write` opens for writing); `direct`: with `O_DIRECT`,
-    /// which the kernel reads nothing ahead for. A file being written through this mount is
-    /// flushed first, so the reader sees it all.
+    /// which the kernel reads nothing ahead for. A file being written through this mount has
+    /// its streamed bytes made durable first, so the reader sees them all; a file being
+    /// rewritten is read from the rewrite's staged copy while it lasts.
     pub async fn open(&self, ino: u64, write: bool, direct: bool) -> FsResult<Opened> {
         if write {
             return Err(Errno::EROFS);
@@ -426,13 +427,14 @@ impl Fs {
         }
     }
 
-    /// Reads up to `size` bytes at `offset` of open file `fh`, from the version it opened.
+    /// Reads up to `size` bytes at `offset` of open file `fh`, from the version it opened (or
+    /// from the rewrite it opened during, then the version that rewrite left).
     pub async fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Bytes> {
         if let Some(fw) = self.inner.handles.rewrite(fh) {
-            if let Some(staged) = self.inner.writes.read_staged(&fw, offset, size).await {
-                return staged;
+            if let Some(got) = self.inner.writes.read_rewrite(&fw, offset, size).await {
+                return got;
             }
-            // The rewrite is over (uploaded, or given up): on with the version there is now.
+            // The rewrite is over: on with the version there is now.
             self.reopen_after_rewrite(fh, &fw.written().0).await?;
         }
         let writer = self.inner.handles.writer(fh);
@@ -460,7 +462,11 @@ impl Fs {
     /// file's version now that the rewrite is over.
     async fn reopen_after_rewrite(&self, fh: u64, inode: &Inode) -> FsResult<()> {
         let old = self.inner.handles.read_side(fh).ok_or(Errno::EBADF)?;
-        let meta = self.inner.sb.fresh_meta(inode).await?;
+        let meta = match self.inner.sb.fresh_meta(inode).await {
+            // Unlinked meanwhile: the file this handle reads is gone.
+            Err(Errno::ENOENT) => return Err(Errno::ESTALE),
+            other => other?,
+        };
         let fresh = Arc::new(self.inner.reads.open(&inode.key(), &meta, old.direct()));
         if let Some(old) = self.inner.handles.replace_read_side(fh, fresh) {
             self.inner.reads.release(&old);

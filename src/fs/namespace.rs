@@ -264,7 +264,7 @@ impl Fs {
     }
 
     /// Moves file `src` to key `to`, then `renamed` tells the superblock, which moves the
-    /// inode along: pending writes are made durable first, and none comes in until the inode
+    /// inode along: streamed writes are made durable first, and none comes in until the inode
     /// has its new key (`Writes::moving`). The source must still be the generation this
     /// mount knows (retried once with the live one when it changed).
     async fn move_file(

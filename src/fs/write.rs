@@ -124,6 +124,17 @@ async fn held_for_move(fw: &FileWriter, st: &mut State) -> FsResult<()> {
     }
 }
 
+/// The generation of the object a writer in state `st` writes (`None`: it writes nothing
+/// more).
+fn generation_of(st: &State) -> Option<i64> {
+    match st {
+        State::Open { w, .. } => Some(w.generation()),
+        State::Idle { generation, .. } => Some(*generation),
+        State::Staged(s) => Some(s.base),
+        State::Failed(_) | State::Done => None,
+    }
+}
+
 /// The object a writer in state `st` wrote moved, as `generation`: a stream made durable
 /// before goes on as a takeover of the moved object, a staged copy replaces it.
 fn moved(st: &mut State, generation: i64) {
@@ -275,7 +286,8 @@ impl Writes {
         *st = next;
     }
 
-    /// The object of `ino`'s writer was deleted (unlink while open): its staged copy, if it
+    /// The object of `ino`'s writer was deleted or replaced (unlink, or a rename onto it,
+    /// while open): its staged copy, if it
     /// has one, holds the file from now on and is never uploaded, so writes, reads and the
     /// close of the open handles go on as POSIX has them. A writer that could not stage
     /// keeps failing (EIO), as it would have.
@@ -335,14 +347,20 @@ impl Writes {
         }
         mv().await?;
         for (fw, st) in writers.iter().zip(held.iter_mut()) {
-            if matches!(**st, State::Failed(_) | State::Done) {
+            let Some(known) = generation_of(st) else {
                 continue;
-            }
+            };
             let key = fw.inode.key();
-            match self.client.get_object(&self.bucket, &key).await {
-                Ok(meta) => moved(st, meta.generation),
-                Err(e) => **st = State::Failed(log_err("rename", &key, &e)),
-            }
+            let generation = match self.client.get_object(&self.bucket, &key).await {
+                Ok(meta) => meta.generation,
+                // A folder's move keeps its objects' generations here; failing the writer
+                // for a lookup would throw away a rewrite's edits.
+                Err(e) => {
+                    tracing::warn!(path = key, error = %e, "the moved object could not be looked up; its writer goes on with the generation it knew");
+                    known
+                }
+            };
+            moved(st, generation);
         }
         Ok(())
     }
@@ -727,7 +745,8 @@ impl Writes {
         }
     }
 
-    /// Makes the service hold everything written to `ino` so far, so a new reader sees it.
+    /// Makes the service hold everything written to `ino` so far, a rewrite in progress
+    /// included (an fsync through any handle; a create others must find first).
     pub async fn settle(&self, ino: u64) -> FsResult<()> {
         let fw = self.writer_of(ino);
         match fw {
@@ -757,16 +776,19 @@ impl Writes {
         if !last {
             return fw.inode.clone();
         }
-        let state = std::mem::replace(&mut *fw.state.lock().await, State::Done);
+        let mut st = fw.state.lock().await;
+        if let State::Staged(s) = &mut *st {
+            // Normally uploaded by the flush of close(2) already; this covers the rest, before
+            // a reader of the rewrite (`read_rewrite`) finds it over.
+            if s.dirty {
+                let _ = self.upload(&fw, s).await;
+            }
+        }
+        let state = std::mem::replace(&mut *st, State::Done);
+        drop(st);
         let (w, held) = match state {
             State::Open { w, held } => (w, held),
-            State::Staged(mut s) => {
-                // Normally uploaded by the flush of close(2) already; this covers the rest.
-                if s.dirty {
-                    let _ = self.upload(&fw, &mut s).await;
-                }
-                return fw.inode.clone();
-            }
+            State::Staged(_) => return fw.inode.clone(),
             _ => {
                 // A failed writer may never have had its create answered.
                 fw.inode.forget_pending();
@@ -868,6 +890,24 @@ impl Writes {
                 tracing::error!(path = key, saved_as = tmp, error = %e, "the new version could not be moved into place; it is kept under the temporary name");
                 Errno::EIO
             })
+    }
+
+    /// The bytes at `offset` of rewrite `fw` for a reader that opened during it (see
+    /// `ready_for_reader`): from its staged copy while there is one; the rewrite's errno
+    /// once it failed, since the edit that reader saw is gone; `None` once it is over (read
+    /// the file's version in the bucket).
+    pub async fn read_rewrite(
+        &self,
+        fw: &FileWriter,
+        offset: u64,
+        size: u32,
+    ) -> Option<FsResult<Bytes>> {
+        let st = fw.state.lock().await;
+        match &*st {
+            State::Staged(s) => Some(s.file.read_at(offset, u64::from(size)).await),
+            State::Failed(e) => Some(Err(*e)),
+            State::Open { .. } | State::Idle { .. } | State::Done => None,
+        }
     }
 
     /// The bytes at `offset` of the staged copy `fw` writes, when its file is staged
