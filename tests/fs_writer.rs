@@ -817,3 +817,37 @@ fn a_reader_of_a_rewrite_that_failed_gets_its_error() {
         assert_eq!(&in_bucket(&env, "f").await[..], b"0123456789");
     });
 }
+
+/// A truncate by path to the size a new file already has, while its create is still on its
+/// way (it leaves with the first flush), keeps the file in the listings fetched meanwhile:
+/// it took the file out of those that add such files, and a lookup answered ENOENT.
+#[test]
+fn a_truncate_before_a_create_is_answered_keeps_the_file_listed() {
+    let env = FsEnv::new("b", |cfg| {
+        cfg.fs.list_ttl_ms = 0;
+        cfg.fs.stat_ttl_ms = 0;
+        cfg.fs.negative_ttl_ms = 0;
+    });
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let (e, h) = fs
+            .create(ROOT_INO, "f", libc::O_WRONLY)
+            .await
+            .expect("create");
+        fs.write(h.fh, 0, vec![5u8; 10].into())
+            .await
+            .expect("write");
+        let same = rapidfs::fs::SetAttr {
+            size: Some(10),
+            ..Default::default()
+        };
+        fs.setattr(e.attr.ino, same)
+            .await
+            .expect("truncate by path");
+        let found = fs.lookup(ROOT_INO, "f").await.expect("listed");
+        assert_eq!((found.attr.ino, found.attr.size), (e.attr.ino, 10));
+        fs.flush(h.fh).await.expect("close");
+        fs.release_write(h.fh).await;
+        assert_eq!(in_bucket(&env, "f").await.len(), 10);
+    });
+}

@@ -870,7 +870,15 @@ impl Superblock {
     /// taken while it grew, holds an old size, and gets the inode's (or is dropped, when the
     /// name no longer leads to the inode). No other listing changed.
     pub(super) fn written(&self, inode: &Inode) {
-        self.unanswered.remove(inode);
+        // A create still unanswered (a truncate through another handle, before the first
+        // flush) stays added to the listings fetched.
+        if inode
+            .meta()
+            .0
+            .is_none_or(|m| m.generation != PENDING_GENERATION)
+        {
+            self.unanswered.remove(inode);
+        }
         let key = inode.key();
         let (dkey, name) = (names::parent_dir(&key), names::base_name(&key));
         self.changes.changed(dkey);
