@@ -414,13 +414,15 @@ fn serve(
     let warm_fs = cfg.fs.prefetch_metadata.then(|| fs.clone());
     let (mut mounted, control) = match target {
         Target::Dir(mountpoint) => {
+            // Listening before the mount shows: a tool that finds the mount (`rapidfs
+            // finalize`, `rapidfs check`) right away finds its socket too.
+            let control = start_control(&rt, control_fs.clone(), args, &cfg, &mountpoint, ready);
             let mounted = Mounted::start(fs, Driver::of(&rt), &mountpoint, &settings)
                 .map_err(|e| anyhow!("cannot mount on {}: {e}", mountpoint.display()))?;
             if let Some(kb) = kernel_read_ahead(&mountpoint, cfg.read.kernel_read_ahead_kb) {
                 control_fs.set_kernel_read_ahead(kb * 1024);
             }
             tracing::info!(bucket = %args.bucket, mountpoint = %mountpoint.display(), endpoint = %cfg.gcs.endpoint, "mounted");
-            let control = start_control(&rt, control_fs, args, &cfg, &mountpoint, ready);
             (mounted, control)
         }
         Target::Fd(fd) => {
