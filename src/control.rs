@@ -25,6 +25,7 @@ use std::sync::Arc;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinSet;
 
 /// Longest request line accepted (a hint of about a million paths).
 const MAX_LINE: u64 = 128 * 1024 * 1024;
@@ -301,13 +302,24 @@ async fn prefetch(
     wr: &mut (impl AsyncWriteExt + Unpin),
 ) -> io::Result<()> {
     let (tx, mut rx) = mpsc::unbounded_channel::<Progress>();
-    let work = fs.warm(rels, move |p| {
-        let _ = tx.send(p);
+    // A task of its own, so that a client that stops reading its progress lines does not
+    // pause loads that readers of the same files have joined; the set ends it with the
+    // connection.
+    let mut work = JoinSet::new();
+    let (fs, rels) = (fs.clone(), rels.to_vec());
+    work.spawn(async move {
+        fs.warm(&rels, move |p| {
+            let _ = tx.send(p);
+        })
+        .await
     });
-    tokio::pin!(work);
     let result = loop {
         tokio::select! {
-            r = &mut work => break r,
+            ended = work.join_next() => break match ended {
+                Some(Ok(r)) => r,
+                Some(Err(e)) => Err(format!("the warm-up stopped: {e}")),
+                None => Err("no warm-up ran".into()),
+            },
             Some(p) = rx.recv() => send(wr, &json!({"done": p.done, "total": p.total, "bytes": p.bytes})).await?,
         }
     };
@@ -393,6 +405,62 @@ mod tests {
         assert_ne!(a, b);
         // The same name python/rapidfs_sampler.py computes.
         assert_eq!(a, format!("{}-243462728bd4819e.sock", "-d".repeat(20)));
+    }
+
+    /// A writer that never takes a byte: a client that stopped reading.
+    struct Stuck;
+
+    impl tokio::io::AsyncWrite for Stuck {
+        fn poll_write(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            _: &[u8],
+        ) -> std::task::Poll<io::Result<usize>> {
+            std::task::Poll::Pending
+        }
+        fn poll_flush(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<io::Result<()>> {
+            std::task::Poll::Pending
+        }
+        fn poll_shutdown(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<io::Result<()>> {
+            std::task::Poll::Pending
+        }
+    }
+
+    /// A prefetch client that stops reading its progress lines does not stop the warm-up:
+    /// paused loads would hold every reader that joined them.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_warm_up_goes_on_while_its_client_reads_nothing() {
+        let objects: Vec<(String, bytes::Bytes)> = (0..20u8)
+            .map(|i| (format!("d/f{i}"), bytes::Bytes::from(vec![i; 10_000])))
+            .collect();
+        let named: Vec<(&str, bytes::Bytes)> = objects
+            .iter()
+            .map(|(n, b)| (n.as_str(), b.clone()))
+            .collect();
+        let (emu, cfg) = crate::fs::test_emulator(&named, 0).await;
+        let client = crate::gcs::Client::connect(&cfg.gcs).await.expect("client");
+        let fs = Fs::new(client, "b", &cfg);
+        let (rels, mut stuck) = (["d".to_string()], Stuck);
+        let warming = prefetch(&fs, &rels, &mut stuck);
+        tokio::pin!(warming);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while emu.stats().bytes_sent < 200_000 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the warm-up stopped with its client: {} bytes loaded",
+                emu.stats().bytes_sent
+            );
+            tokio::select! {
+                _ = &mut warming => panic!("a warm-up whose client reads nothing cannot answer"),
+                _ = tokio::time::sleep(std::time::Duration::from_millis(10)) => {}
+            }
+        }
     }
 
     #[test]
