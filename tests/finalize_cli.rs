@@ -69,6 +69,10 @@ fn an_object_left_by_a_killed_writer_is_listed_and_finalized() {
     let file = format!("{mp}/ckpt/log.bin");
     let listed = stdout(&rapidfs_in_mount(&["unfinalized", mp]));
     assert_eq!(listed, format!("{file}\t{}\n", 3 * MIB));
+    // A directory inside the mount lists its own objects, shown at their paths.
+    let dir = format!("{mp}/ckpt");
+    let listed = stdout(&rapidfs_in_mount(&["unfinalized", &dir]));
+    assert_eq!(listed, format!("{file}\t{}\n", 3 * MIB));
     let done = stdout(&rapidfs_in_mount(&["finalize", &file]));
     assert_eq!(done, format!("finalized {file} ({} bytes)\n", 3 * MIB));
     let m = meta(&env.rt, &c, BUCKET, "ckpt/log.bin");

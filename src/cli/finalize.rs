@@ -66,7 +66,8 @@ pub struct FinalizeArgs {
 struct Place {
     bucket: String,
     prefix: String,
-    mount: Option<PathBuf>,
+    /// The mount that shows them, and the key prefix its root shows.
+    mount: Option<(PathBuf, String)>,
     /// The mount's endpoint, when its control socket told it.
     endpoint: Option<String>,
 }
@@ -74,17 +75,14 @@ struct Place {
 impl Place {
     /// How `key` is shown: the path in the mount, else its gs:// URL.
     fn show(&self, key: &str) -> String {
-        match (&self.mount, key.strip_prefix(&self.mount_root())) {
-            (Some(m), Some(rel)) => m.join(rel).display().to_string(),
-            _ => format!("gs://{}/{key}", self.bucket),
-        }
-    }
-
-    fn mount_root(&self) -> String {
-        self.mount
+        let in_mount = self
+            .mount
             .as_ref()
-            .map(|_| self.prefix.clone())
-            .unwrap_or_default()
+            .and_then(|(m, root)| Some(m.join(key.strip_prefix(root.as_str())?)));
+        match in_mount {
+            Some(path) => path.display().to_string(),
+            None => format!("gs://{}/{key}", self.bucket),
+        }
     }
 }
 
@@ -122,19 +120,16 @@ fn mount_info(mnt: &Path) -> Option<(String, String, String)> {
 
 /// The place of the mount on `mnt` (bucket `bucket` by mountinfo) with `rel` below its root.
 fn mount_place(mnt: PathBuf, bucket: String, conn: &ConnArgs) -> Place {
-    match mount_info(&mnt) {
-        Some((bucket, endpoint, prefix)) => Place {
-            bucket,
-            prefix: with_slash(conn.prefix.as_deref().unwrap_or(&prefix)),
-            mount: Some(mnt),
-            endpoint: Some(endpoint),
-        },
-        None => Place {
-            bucket,
-            prefix: with_slash(conn.prefix.as_deref().unwrap_or("")),
-            mount: Some(mnt),
-            endpoint: None,
-        },
+    let (bucket, endpoint, told) = match mount_info(&mnt) {
+        Some((bucket, endpoint, prefix)) => (bucket, Some(endpoint), prefix),
+        None => (bucket, None, String::new()),
+    };
+    let root = with_slash(conn.prefix.as_deref().unwrap_or(&told));
+    Place {
+        bucket,
+        prefix: root.clone(),
+        mount: Some((mnt, root)),
+        endpoint,
     }
 }
 
