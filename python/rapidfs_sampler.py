@@ -14,6 +14,7 @@ daemon) costs one warning, and the indices are yielded all the same.
 
 import json
 import os
+import stat
 import socket
 import warnings
 
@@ -67,9 +68,19 @@ def socket_path(mountpoint):
     name = _socket_name(os.path.realpath(mountpoint))
     candidates = [os.path.join(d, name) for d in _socket_dirs()]
     for c in candidates:
-        if os.path.exists(c):
+        if _private(os.path.dirname(c)) and os.path.exists(c):
             return c
     return candidates[0]
+
+
+def _private(directory):
+    """Whether only this user can write ``directory``: a socket another user put in a /tmp
+    directory of our name is not the mount's."""
+    try:
+        st = os.lstat(directory)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022
 
 
 class RapidfsSampler:
@@ -115,6 +126,8 @@ class RapidfsSampler:
 
     def _connect(self):
         path = socket_path(self.mountpoint)
+        if not os.environ.get(SOCKET_ENV) and not _private(os.path.dirname(path)):
+            raise OSError("%s: not in a directory only this user can write" % path)
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(self.timeout)
         try:

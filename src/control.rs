@@ -65,6 +65,31 @@ pub fn socket_dirs() -> Vec<PathBuf> {
     dirs
 }
 
+/// The control socket of the mount on `mountpoint`, as a client finds it: `$RAPIDFS_CONTROL_SOCKET`,
+/// else the first candidate directory (`socket_dirs`) that holds it.
+pub fn find_socket(mountpoint: &Path) -> Option<PathBuf> {
+    match std::env::var_os(SOCKET_ENV).filter(|p| !p.is_empty()) {
+        Some(p) => Some(PathBuf::from(p)),
+        None => socket_in(&socket_dirs(), &socket_name(mountpoint)),
+    }
+}
+
+/// `name` in the first of `dirs` that holds it, among those only this user can write: a
+/// socket another user put in a `/tmp` directory of our name could send a client (and its
+/// credentials) to an endpoint of theirs.
+fn socket_in(dirs: &[PathBuf], name: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: getuid cannot fail and touches no memory.
+    let uid = unsafe { libc::getuid() };
+    dirs.iter()
+        .filter(|d| {
+            std::fs::symlink_metadata(d)
+                .is_ok_and(|m| m.is_dir() && m.uid() == uid && m.mode() & 0o022 == 0)
+        })
+        .map(|d| d.join(name))
+        .find(|p| p.exists())
+}
+
 /// The socket file name of `mountpoint`: the absolute path escaped as `systemd-escape --path`
 /// does (`/` -> `-`, other bytes outside `[A-Za-z0-9:_.]` -> `\xNN`), shortened with an FNV-1a
 /// hash when long, plus `.sock`.
@@ -461,6 +486,24 @@ mod tests {
                 _ = tokio::time::sleep(std::time::Duration::from_millis(10)) => {}
             }
         }
+    }
+
+    #[test]
+    fn a_socket_is_found_only_in_a_directory_no_one_else_can_write() {
+        let base = tempfile::tempdir().expect("tempdir");
+        let dir = base.path().join("rapidfs");
+        std::fs::create_dir(&dir).expect("mkdir");
+        std::fs::write(dir.join("mnt.sock"), b"").expect("socket stand-in");
+        let dirs = [dir.clone()];
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        assert_eq!(
+            socket_in(&dirs, "mnt.sock"),
+            None,
+            "a directory all may write"
+        );
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+        assert_eq!(socket_in(&dirs, "mnt.sock"), Some(dir.join("mnt.sock")));
+        assert_eq!(socket_in(&dirs, "other.sock"), None);
     }
 
     #[test]

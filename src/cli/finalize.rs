@@ -13,7 +13,7 @@
 
 use super::access::AccessArgs;
 use crate::config::{Config, LogFormat};
-use crate::control::{socket_dirs, socket_name, SOCKET_ENV};
+use crate::control::find_socket;
 use crate::gcs::{Client, ListRequest};
 use anyhow::{bail, Context};
 use clap::Args;
@@ -95,16 +95,7 @@ fn mount_of(path: &Path) -> anyhow::Result<(PathBuf, String, String)> {
 /// What a mount's control socket says of it: (bucket, endpoint, prefix). `None` when it has no
 /// socket or does not answer within a few seconds.
 fn mount_info(mnt: &Path) -> Option<(String, String, String)> {
-    let sock = match std::env::var_os(SOCKET_ENV).filter(|p| !p.is_empty()) {
-        Some(p) => PathBuf::from(p),
-        None => {
-            let name = socket_name(mnt);
-            socket_dirs()
-                .into_iter()
-                .map(|d| d.join(&name))
-                .find(|p| p.exists())?
-        }
-    };
+    let sock = find_socket(mnt)?;
     let mut conn = std::os::unix::net::UnixStream::connect(&sock).ok()?;
     conn.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     conn.write_all(b"{\"op\":\"info\"}\n").ok()?;

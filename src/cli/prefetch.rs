@@ -3,7 +3,7 @@
 //! control socket, with a progress bar on a terminal and plain progress lines otherwise.
 //! Touches nothing but the socket; the mount does the loading.
 
-use crate::control::{socket_dirs, socket_name, SOCKET_ENV};
+use crate::control::{self, socket_dirs, socket_name};
 use anyhow::{anyhow, bail, Context};
 use clap::Args;
 use serde_json::{json, Value};
@@ -42,27 +42,20 @@ pub fn run(args: PrefetchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The control socket of the mount on `mnt`: `$RAPIDFS_CONTROL_SOCKET`, else the first
-/// candidate directory holding one.
+/// The control socket of the mount on `mnt` (see `control::find_socket`).
 fn find_socket(mnt: &Path) -> anyhow::Result<PathBuf> {
-    if let Some(p) = std::env::var_os(SOCKET_ENV).filter(|p| !p.is_empty()) {
-        return Ok(PathBuf::from(p));
-    }
-    let name = socket_name(mnt);
-    let dirs = socket_dirs();
-    dirs.iter()
-        .map(|d| d.join(&name))
-        .find(|p| p.exists())
-        .ok_or_else(|| {
-            anyhow!(
-                "the rapidfs mount on {} has no control socket ({name} not found in {})",
-                mnt.display(),
-                dirs.iter()
-                    .map(|d| d.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(" or ")
-            )
-        })
+    control::find_socket(mnt).ok_or_else(|| {
+        let name = socket_name(mnt);
+        let dirs = socket_dirs();
+        anyhow!(
+            "the rapidfs mount on {} has no control socket ({name} not found in {})",
+            mnt.display(),
+            dirs.iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(" or ")
+        )
+    })
 }
 
 /// One `prefetch` request to the mount on `mnt`, showing its progress.
