@@ -13,6 +13,7 @@ pub mod fuse;
 pub mod gcs;
 pub mod machine;
 pub mod metrics;
+pub mod mountinfo;
 pub mod profiles;
 pub mod proto;
 pub mod zonal;

@@ -351,3 +351,67 @@ fn an_ordinary_user_mounts_through_fusermount3() {
     assert!(status.success(), "clean exit after SIGTERM: {status}");
     assert!(!is_mounted(mnt.path()), "fusermount3 -u ran");
 }
+
+/// An ordinary user's mount detached from outside (`fusermount3 -uz`) while a file in it is
+/// open, and a new mount made on the same path: when that file closes, the old daemon's
+/// session ends and it stops, leaving the new mount alone. It ran `fusermount3 -u` on the
+/// path, which unmounted the new one.
+#[test]
+fn a_daemon_whose_mount_was_detached_leaves_the_next_mount_on_its_path_alone() {
+    let env = Env::new(BUCKET);
+    env.put(BUCKET, "u.txt", b"user mount");
+    let mnt = tempfile::tempdir().expect("tempdir");
+    let nobody = |cmd: &str| {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", cmd]);
+        c
+    };
+    std::os::unix::fs::chown(mnt.path(), Some(65534), Some(65534)).expect("chown");
+    let mount = || {
+        let child = nobody(env!("CARGO_BIN_EXE_rapidfs"))
+            .args(["mount", BUCKET, "--foreground"])
+            .arg(mnt.path())
+            .args(["--endpoint", &env.emu().endpoint()])
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("rapidfs runs as nobody");
+        wait_until("mounted by nobody", || is_mounted(mnt.path()));
+        child
+    };
+    let mut old = mount();
+    let file = mnt.path().join("u.txt");
+    let mut holder = nobody("bash")
+        .args(["-c", "exec 3<\"$1\" && echo open && exec sleep 60", "-"])
+        .arg(&file)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("a process holding a file open");
+    let mut said = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(holder.stdout.as_mut().expect("stdout")),
+        &mut said,
+    )
+    .expect("the holder speaks");
+    assert_eq!(said, "open\n");
+    let detached = nobody("fusermount3")
+        .arg("-uz")
+        .arg(mnt.path())
+        .status()
+        .expect("fusermount3 runs");
+    assert!(detached.success());
+    wait_until("the old mount detached", || !is_mounted(mnt.path()));
+    let mut new = mount();
+    holder.kill().expect("kill the holder");
+    holder.wait().expect("wait");
+    wait_until("the old daemon stopped", || {
+        old.try_wait().expect("try_wait").is_some()
+    });
+    assert!(is_mounted(mnt.path()), "the new mount was unmounted");
+    let out = nobody("cat").arg(&file).output().expect("cat runs");
+    assert_eq!(out.stdout, b"user mount");
+    // SAFETY: signalling our own child process (setpriv execs rapidfs in place).
+    assert_eq!(unsafe { libc::kill(new.id() as i32, libc::SIGTERM) }, 0);
+    assert!(new.wait().expect("wait").success());
+    assert!(!is_mounted(mnt.path()), "the new daemon unmounted its own");
+}

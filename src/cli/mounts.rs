@@ -17,21 +17,17 @@ pub struct RapidfsMount {
 
 /// Every rapidfs mount in a mountinfo text.
 pub fn parse(mountinfo: &str) -> Vec<RapidfsMount> {
-    mountinfo
-        .lines()
-        .filter_map(|l| {
-            let (head, tail) = l.split_once(" - ")?;
-            let mountpoint = head.split(' ').nth(4)?;
-            let mut t = tail.split(' ');
-            let (fstype, source) = (t.next()?, unescape(t.next()?));
-            let bucket = match (fstype, source.strip_prefix("rapidfs:")) {
-                (_, Some(bucket)) if matches!(fstype, "fuse" | "fuse.rapidfs") => bucket,
-                ("fuse.rapidfs", None) => source.as_str(),
+    crate::mountinfo::parse(mountinfo)
+        .into_iter()
+        .filter_map(|m| {
+            let bucket = match (m.fstype.as_str(), m.source.strip_prefix("rapidfs:")) {
+                ("fuse" | "fuse.rapidfs", Some(bucket)) => bucket.to_string(),
+                ("fuse.rapidfs", None) => m.source.clone(),
                 _ => return None,
             };
             Some(RapidfsMount {
-                mountpoint: PathBuf::from(unescape(mountpoint)),
-                bucket: bucket.to_string(),
+                mountpoint: m.mountpoint,
+                bucket,
             })
         })
         .collect()
@@ -53,24 +49,6 @@ pub fn containing(path: &Path) -> anyhow::Result<(RapidfsMount, String)> {
         .ok_or_else(|| anyhow!("{} is not valid UTF-8", path.display()))?
         .to_string();
     Ok((mount, rel))
-}
-
-/// Undoes mountinfo's octal escapes (`\040` for a space).
-fn unescape(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(u8::is_ascii_digit) {
-            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
-            out.push(v);
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]
@@ -95,12 +73,5 @@ mod tests {
             parse(info),
             vec![mount("/mnt/a b", "data"), mount("/mnt/c", "ckpt")]
         );
-    }
-
-    #[test]
-    fn octal_escapes_are_undone() {
-        assert_eq!(unescape("/mnt/my\\040data"), "/mnt/my data");
-        assert_eq!(unescape("/plain"), "/plain");
-        assert_eq!(unescape("/end\\04"), "/end\\04");
     }
 }

@@ -98,9 +98,34 @@ fn mount_config(settings: &MountSettings, owner_may_do_all: bool) -> fuser::Conf
 /// `fusermount3 -u` (mounted through the setuid helper), or not at all (a descriptor someone
 /// else mounted: they unmount).
 enum Unmounter {
-    Session(fuser::SessionUnmounter, PathBuf),
-    Fusermount(PathBuf),
+    Session(fuser::SessionUnmounter, Mountpoint),
+    Fusermount(Mountpoint),
     Nobody,
+}
+
+/// Where this daemon mounted, and the device its mount showed there once mounted.
+struct Mountpoint {
+    path: PathBuf,
+    device: Option<String>,
+}
+
+impl Mountpoint {
+    /// Just mounted on `path`.
+    fn mounted(path: &Path) -> Mountpoint {
+        Mountpoint {
+            path: path.to_path_buf(),
+            device: crate::mountinfo::device_on(path),
+        }
+    }
+
+    /// Whether the mount visible on the path is still this one. Someone may have detached
+    /// it (`fusermount3 -uz`) and mounted another there since: unmounting the path would
+    /// then take theirs. (Not found once mounted: assumed ours, as before.)
+    fn still_ours(&self) -> bool {
+        self.device
+            .as_ref()
+            .is_none_or(|d| crate::mountinfo::device_on(&self.path).as_ref() == Some(d))
+    }
 }
 
 impl Unmounter {
@@ -108,15 +133,25 @@ impl Unmounter {
     /// stale mount stays behind a daemon that stops. Says whether it had to detach.
     fn unmount(&mut self) -> std::io::Result<bool> {
         match self {
-            Unmounter::Session(u, path) => match u.unmount() {
+            Unmounter::Session(u, at) => match u.unmount() {
                 Ok(()) => Ok(false),
-                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => detach(path).map(|()| true),
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                    if !at.still_ours() {
+                        return Ok(false);
+                    }
+                    detach(&at.path).map(|()| true)
+                }
                 Err(e) => Err(e),
             },
-            Unmounter::Fusermount(path) => match fusermount::unmount(path, false) {
-                Ok(()) => Ok(false),
-                Err(_) => fusermount::unmount(path, true).map(|()| true),
-            },
+            Unmounter::Fusermount(at) => {
+                if !at.still_ours() {
+                    return Ok(false);
+                }
+                match fusermount::unmount(&at.path, false) {
+                    Ok(()) => Ok(false),
+                    Err(_) => fusermount::unmount(&at.path, true).map(|()| true),
+                }
+            }
             Unmounter::Nobody => Ok(false),
         }
     }
@@ -171,14 +206,17 @@ impl Mounted {
                 .push(MountOption::CUSTOM("subtype=rapidfs".to_string()));
             let mut session = fuser::Session::new(adapter, mountpoint, &config)?;
             let unmounter =
-                Unmounter::Session(session.unmount_callable(), mountpoint.to_path_buf());
+                Unmounter::Session(session.unmount_callable(), Mountpoint::mounted(mountpoint));
             (session, unmounter)
         } else {
             // fuser opens /dev/fuse itself first and gives up when it may not; an ordinary
             // user mounts through the setuid helper, as libfuse does.
             let fd = fusermount::mount(mountpoint, &config)?;
             let session = fuser::Session::from_fd(adapter, fd, config.acl, config.clone())?;
-            (session, Unmounter::Fusermount(mountpoint.to_path_buf()))
+            (
+                session,
+                Unmounter::Fusermount(Mountpoint::mounted(mountpoint)),
+            )
         };
         Self::run(session, unmounter, fs, driven)
     }
