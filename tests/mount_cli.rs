@@ -22,6 +22,13 @@ fn is_mounted(path: &Path) -> bool {
         .any(|l| l.split(' ').nth(4) == Some(p.as_ref()))
 }
 
+/// `cmd` to be run as user and group 65534 (nobody), with no other groups.
+fn nobody(cmd: &str) -> Command {
+    let mut c = Command::new("setpriv");
+    c.args(["--reuid=65534", "--regid=65534", "--clear-groups", cmd]);
+    c
+}
+
 fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
     let start = Instant::now();
     while !f() {
@@ -320,11 +327,6 @@ fn an_ordinary_user_mounts_through_fusermount3() {
     let env = Env::new(BUCKET);
     env.put(BUCKET, "u.txt", b"user mount");
     let mnt = tempfile::tempdir().expect("tempdir");
-    let nobody = |cmd: &str| {
-        let mut c = Command::new("setpriv");
-        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", cmd]);
-        c
-    };
     std::os::unix::fs::chown(mnt.path(), Some(65534), Some(65534)).expect("chown");
     let mut child = nobody(env!("CARGO_BIN_EXE_rapidfs"))
         .args(["mount", BUCKET, "--foreground"])
@@ -361,11 +363,6 @@ fn a_daemon_whose_mount_was_detached_leaves_the_next_mount_on_its_path_alone() {
     let env = Env::new(BUCKET);
     env.put(BUCKET, "u.txt", b"user mount");
     let mnt = tempfile::tempdir().expect("tempdir");
-    let nobody = |cmd: &str| {
-        let mut c = Command::new("setpriv");
-        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", cmd]);
-        c
-    };
     std::os::unix::fs::chown(mnt.path(), Some(65534), Some(65534)).expect("chown");
     let mount = || {
         let child = nobody(env!("CARGO_BIN_EXE_rapidfs"))

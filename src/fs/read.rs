@@ -647,10 +647,19 @@ mod tests {
     async fn read_path_on_emulator(
         latency_us: u64,
     ) -> (crate::emulator::Emulator, Arc<ReadPath>, ObjMeta) {
-        let f = Bytes::from(vec![7u8; 50_000]);
-        let (emu, cfg) = crate::fs::test_emulator(&[("f", f)], latency_us).await;
+        read_path_over("f", Bytes::from(vec![7u8; 50_000]), latency_us).await
+    }
+
+    /// An emulator holding object `name` with `latency_us` per response, the read path of a
+    /// mount on it, and the object's metadata.
+    async fn read_path_over(
+        name: &str,
+        bytes: Bytes,
+        latency_us: u64,
+    ) -> (crate::emulator::Emulator, Arc<ReadPath>, ObjMeta) {
+        let (emu, cfg) = crate::fs::test_emulator(&[(name, bytes)], latency_us).await;
         let client = Client::connect(&cfg.gcs).await.expect("client");
-        let meta = ObjMeta::from(&client.get_object("b", "f").await.expect("meta"));
+        let meta = ObjMeta::from(&client.get_object("b", name).await.expect("meta"));
         let reads = Arc::new(ReadPath::new(client, "b", &cfg.read, &cfg.cache));
         (emu, reads, meta)
     }
@@ -739,10 +748,7 @@ mod tests {
     async fn only_a_direct_handle_reads_ahead_when_the_kernel_does() {
         const MIB: u64 = 1024 * 1024;
         let big = Bytes::from((0..8 * MIB).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
-        let (_emu, cfg) = crate::fs::test_emulator(&[("big", big.clone())], 0).await;
-        let client = Client::connect(&cfg.gcs).await.expect("client");
-        let meta = ObjMeta::from(&client.get_object("b", "big").await.expect("meta"));
-        let reads = ReadPath::new(client, "b", &cfg.read, &cfg.cache);
+        let (_emu, reads, meta) = read_path_over("big", big.clone(), 0).await;
         reads.set_kernel_read_ahead(16 * MIB);
         let ahead = |reads: &ReadPath| reads.counters.readahead_bytes.load(Ordering::Relaxed);
         for (direct, reads_ahead) in [(false, false), (true, true)] {
@@ -764,10 +770,7 @@ mod tests {
         const MIB: u64 = 1024 * 1024;
         let big = Bytes::from((0..4 * MIB).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
         // Each response waits 200 ms: the read-ahead is in flight when the second reader comes.
-        let (_emu, cfg) = crate::fs::test_emulator(&[("grown", big.clone())], 200_000).await;
-        let client = Client::connect(&cfg.gcs).await.expect("client");
-        let meta = ObjMeta::from(&client.get_object("b", "grown").await.expect("meta"));
-        let reads = ReadPath::new(client, "b", &cfg.read, &cfg.cache);
+        let (_emu, reads, meta) = read_path_over("grown", big.clone(), 200_000).await;
         let before = ObjMeta {
             size: 2 * MIB + 500,
             ..meta
@@ -787,10 +790,7 @@ mod tests {
     async fn loading_a_large_object_takes_the_read_ahead_budget() {
         const MIB: u64 = 1024 * 1024;
         let big = Bytes::from(vec![3u8; (16 * MIB) as usize]);
-        let (_emu, cfg) = crate::fs::test_emulator(&[("big", big)], 100_000).await;
-        let client = Client::connect(&cfg.gcs).await.expect("client");
-        let meta = ObjMeta::from(&client.get_object("b", "big").await.expect("meta"));
-        let reads = Arc::new(ReadPath::new(client, "b", &cfg.read, &cfg.cache));
+        let (_emu, reads, meta) = read_path_over("big", big, 100_000).await;
         let all = reads.prefetch_budget.available_permits();
         let load = tokio::spawn({
             let reads = reads.clone();
