@@ -170,6 +170,14 @@ impl ReadPath {
         self.kernel_read_ahead.store(bytes, Ordering::Relaxed);
     }
 
+    /// The budget permits `bytes` in flight take: at least one, at most a quarter of the
+    /// budget (what either share holds), so that any load or read can start.
+    fn permits(&self, bytes: u64) -> u32 {
+        u32::try_from(bytes.div_ceil(PERMIT_BYTES).max(1))
+            .unwrap_or(u32::MAX)
+            .min(self.demand_permits)
+    }
+
     fn kernel_reads_ahead(&self) -> bool {
         self.kernel_read_ahead.load(Ordering::Relaxed) >= KERNEL_READ_AHEAD_ENOUGH
     }
@@ -213,12 +221,9 @@ impl ReadPath {
             }
             self.blocks.invalidate(&cache_key).await;
         }
-        let permits = u32::try_from(meta.size.div_ceil(PERMIT_BYTES).max(1))
-            .unwrap_or(u32::MAX)
-            .min(self.demand_permits);
         let _permit = self
             .prefetch_budget
-            .acquire_many(permits)
+            .acquire_many(self.permits(meta.size))
             .await
             .map_err(|_| Errno::EIO)?;
         // Marked before the last look at `wanted`: a reader that opens the file after that
@@ -291,12 +296,9 @@ impl ReadPath {
         let mut at = 0;
         while at < h.size {
             let end = (at + AT_ONCE * self.block).min(h.size);
-            let permits = u32::try_from((end - at).div_ceil(PERMIT_BYTES))
-                .unwrap_or(u32::MAX)
-                .min(self.demand_permits);
             let _permit = self
                 .prefetch_budget
-                .acquire_many(permits)
+                .acquire_many(self.permits(end - at))
                 .await
                 .map_err(|_| Errno::EIO)?;
             let fetches = (at / self.block..=(end - 1) / self.block).map(|i| {
@@ -411,12 +413,9 @@ impl ReadPath {
         } else {
             ((end - 1) / self.block - offset / self.block + 1) * self.block + (end - offset)
         };
-        let permits = u32::try_from(held.div_ceil(PERMIT_BYTES))
-            .unwrap_or(u32::MAX)
-            .min(self.demand_permits);
         let _permit = self
             .demand_budget
-            .acquire_many(permits)
+            .acquire_many(self.permits(held))
             .await
             .map_err(|_| Errno::EIO)?;
         if h.size <= self.small {
