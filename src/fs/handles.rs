@@ -28,6 +28,16 @@ enum Open {
     },
 }
 
+/// What a file handle reads through.
+pub(super) struct FileSides {
+    /// Its read side, pinned to a version.
+    pub read: Arc<ReadSide>,
+    /// Its writer, when it writes.
+    pub writer: Option<Arc<FileWriter>>,
+    /// The rewrite it reads, when it opened during one.
+    pub rewrite: Option<Arc<FileWriter>>,
+}
+
 /// Every open handle of the mount.
 pub(super) struct Handles {
     next: AtomicU64,
@@ -68,14 +78,6 @@ impl Handles {
         self.add(Open::Dir { ino, listing: None })
     }
 
-    /// The read side of file handle `fh`.
-    pub(super) fn read_side(&self, fh: u64) -> Option<Arc<ReadSide>> {
-        match self.table().get(&fh) {
-            Some(Open::File { read, .. }) => Some(read.clone()),
-            _ => None,
-        }
-    }
-
     /// Gives file handle `fh` a new read side; returns the one it replaces.
     pub(super) fn replace_read_side(&self, fh: u64, new: Arc<ReadSide>) -> Option<Arc<ReadSide>> {
         match self.table().get_mut(&fh) {
@@ -99,10 +101,20 @@ impl Handles {
         }
     }
 
-    /// The rewrite that reading handle `fh` reads, while it reads one.
-    pub(super) fn rewrite(&self, fh: u64) -> Option<Arc<FileWriter>> {
+    /// Everything file handle `fh` reads through, in one look at the table (a read needs
+    /// it all).
+    pub(super) fn file(&self, fh: u64) -> Option<FileSides> {
         match self.table().get(&fh) {
-            Some(Open::File { rewrite, .. }) => rewrite.clone(),
+            Some(Open::File {
+                read,
+                writer,
+                rewrite,
+                ..
+            }) => Some(FileSides {
+                read: read.clone(),
+                writer: writer.clone(),
+                rewrite: rewrite.clone(),
+            }),
             _ => None,
         }
     }

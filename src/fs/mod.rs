@@ -430,20 +430,23 @@ impl Fs {
     /// Reads up to `size` bytes at `offset` of open file `fh`, from the version it opened (or
     /// from the rewrite it opened during, then the version that rewrite left).
     pub async fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Bytes> {
-        if let Some(fw) = self.inner.handles.rewrite(fh) {
+        let sides = self.inner.handles.file(fh).ok_or(Errno::EBADF)?;
+        let mut handle = sides.read;
+        if let Some(fw) = sides.rewrite {
             if let Some(got) = self.inner.writes.read_rewrite(&fw, offset, size).await {
                 return got;
             }
             // The rewrite is over: on with the version there is now.
-            self.reopen_after_rewrite(fh, &fw.written().0).await?;
+            handle = self
+                .reopen_after_rewrite(fh, &fw.written().0, handle.direct())
+                .await?;
         }
-        let writer = self.inner.handles.writer(fh);
+        let writer = sides.writer;
         if let Some(fw) = &writer {
             if let Some(staged) = self.inner.writes.read_staged(fw, offset, size).await {
                 return staged;
             }
         }
-        let mut handle = self.inner.handles.read_side(fh).ok_or(Errno::EBADF)?;
         if let Some(fw) = writer.filter(|_| offset.saturating_add(u64::from(size)) > handle.size())
         {
             handle = match self.catch_up(fh, &fw, handle).await? {
@@ -459,20 +462,24 @@ impl Fs {
     }
 
     /// Reading handle `fh` of `inode`, opened while the file was rewritten, reads the
-    /// file's version now that the rewrite is over.
-    async fn reopen_after_rewrite(&self, fh: u64, inode: &Inode) -> FsResult<()> {
-        let old = self.inner.handles.read_side(fh).ok_or(Errno::EBADF)?;
+    /// file's version now that the rewrite is over: its new read side.
+    async fn reopen_after_rewrite(
+        &self,
+        fh: u64,
+        inode: &Inode,
+        direct: bool,
+    ) -> FsResult<Arc<ReadSide>> {
         let meta = match self.inner.sb.fresh_meta(inode).await {
             // Unlinked meanwhile: the file this handle reads is gone.
             Err(Errno::ENOENT) => return Err(Errno::ESTALE),
             other => other?,
         };
-        let fresh = Arc::new(self.inner.reads.open(&inode.key(), &meta, old.direct()));
-        if let Some(old) = self.inner.handles.replace_read_side(fh, fresh) {
+        let fresh = Arc::new(self.inner.reads.open(&inode.key(), &meta, direct));
+        if let Some(old) = self.inner.handles.replace_read_side(fh, fresh.clone()) {
             self.inner.reads.release(&old);
         }
         self.inner.handles.set_rewrite(fh, None);
-        Ok(())
+        Ok(fresh)
     }
 
     /// The write share of the memory budget: what all writers together may hold
