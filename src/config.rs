@@ -365,7 +365,69 @@ fn one_line(e: impl std::fmt::Display) -> String {
         .join(" ")
 }
 
+/// Largest size accepted in MiB (16 TiB): its bytes fit a `u64` with room for sums.
+const MAX_MIB: u64 = 1 << 24;
+
+/// Largest size accepted in KiB (the same 16 TiB).
+const MAX_KIB: u64 = MAX_MIB << 10;
+
+/// Largest block of the block cache, in KiB: a block is one buffer and one range request.
+const MAX_BLOCK_KB: u64 = 64 * 1024;
+
+/// Largest HTTP/2 flow-control window, in KiB: HTTP/2 allows 2^31 - 1 bytes.
+const MAX_WINDOW_KB: u32 = (u32::MAX >> 1) / 1024;
+
+/// `value` of `key`, unless it lies outside `min..=max`: then a one-line error naming both.
+fn within<T: PartialOrd + std::fmt::Display>(
+    key: &str,
+    value: T,
+    min: T,
+    max: T,
+) -> Result<(), String> {
+    if value < min || value > max {
+        return Err(format!(
+            "{key} = {value} is out of range: it must be from {min} to {max}"
+        ));
+    }
+    Ok(())
+}
+
 impl Config {
+    /// Refuses sizes that would overflow where they are turned into bytes, or that HTTP/2
+    /// cannot carry: a configuration that passes never panics or wraps when used.
+    pub fn validate(&self) -> Result<(), String> {
+        let (g, r) = (&self.gcs, &self.read);
+        within("gcs.stream_window_kb", g.stream_window_kb, 1, MAX_WINDOW_KB)?;
+        within(
+            "gcs.connection_window_kb",
+            g.connection_window_kb,
+            1,
+            MAX_WINDOW_KB,
+        )?;
+        for (key, kb) in [
+            ("gcs.read_stream_window_kb", g.read_stream_window_kb),
+            ("gcs.write_buffer_kb", g.write_buffer_kb),
+            ("read.readahead_initial_kb", r.readahead_initial_kb),
+            ("read.readahead_max_kb", r.readahead_max_kb),
+            ("read.small_object_kb", r.small_object_kb),
+            ("read.kernel_read_ahead_kb", r.kernel_read_ahead_kb),
+        ] {
+            within(key, kb, 0, MAX_KIB)?;
+        }
+        within("read.block_kb", r.block_kb, 0, MAX_BLOCK_KB)?;
+        for (key, mb) in [
+            ("cache.memory_mb", self.cache.memory_mb),
+            ("fs.metadata_cache_mb", self.fs.metadata_cache_mb),
+            ("read.stream_per_mb", r.stream_per_mb),
+            ("read.prefetch_window_mb", r.prefetch_window_mb),
+            ("read.prefetch_page_cache_mb", r.prefetch_page_cache_mb),
+            ("write.staging_limit_mb", self.write.staging_limit_mb),
+        ] {
+            within(key, mb, 0, MAX_MIB)?;
+        }
+        Ok(())
+    }
+
     /// Reads a TOML file; every key is optional and unknown keys are errors.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         Config::load_with_profile(Some(path), None)
@@ -423,6 +485,36 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_that_would_overflow_or_break_http2_are_refused_by_name() {
+        assert_eq!(Config::default().validate(), Ok(()));
+        let example = include_str!("../config/rapidfs.toml");
+        assert_eq!(Config::parse(example).map(|c| c.validate()), Ok(Ok(())));
+        for (text, key) in [
+            (
+                "[gcs]\nconnection_window_kb = 2097152",
+                "gcs.connection_window_kb",
+            ),
+            ("[gcs]\nstream_window_kb = 0", "gcs.stream_window_kb"),
+            ("[cache]\nmemory_mb = 17592186044416", "cache.memory_mb"),
+            ("[read]\nblock_kb = 18014398509481984", "read.block_kb"),
+            (
+                "[fs]\nmetadata_cache_mb = 9223372036854775807",
+                "fs.metadata_cache_mb",
+            ),
+            (
+                "[gcs]\nwrite_buffer_kb = 9223372036854775807",
+                "gcs.write_buffer_kb",
+            ),
+        ] {
+            let err = Config::parse(text)
+                .expect("parses")
+                .validate()
+                .expect_err(text);
+            assert!(err.starts_with(key) && !err.contains('\n'), "{err}");
+        }
+    }
 
     #[test]
     fn empty_file_gives_defaults() {

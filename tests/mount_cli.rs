@@ -135,6 +135,29 @@ fn bad_input_fails_with_one_clear_line() {
         mnt.path(),
         "not found",
     );
+    // Sizes that would overflow once turned into bytes, or that HTTP/2 cannot carry.
+    fails_with_one_line(
+        rapidfs().args(["mount", BUCKET]).arg(mnt.path()).args([
+            "--endpoint",
+            &ep,
+            "--memory-mb",
+            "18446744073709551615",
+        ]),
+        mnt.path(),
+        "cache.memory_mb",
+    );
+    let window = mnt.path().with_extension("window.toml");
+    std::fs::write(&window, "[gcs]\nconnection_window_kb = 2097152\n").expect("config");
+    fails_with_one_line(
+        rapidfs()
+            .args(["mount", BUCKET])
+            .arg(mnt.path())
+            .args(["--endpoint", &ep, "--config"])
+            .arg(&window),
+        mnt.path(),
+        "gcs.connection_window_kb",
+    );
+    let _ = std::fs::remove_file(&window);
     // The same checks in the foreground.
     fails_with_one_line(
         rapidfs()

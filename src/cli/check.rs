@@ -75,6 +75,7 @@ pub fn run(
     }
     args.access.apply(&mut cfg);
     cfg.cache.memory_mb = cfg.cache.budget_mb();
+    cfg.validate().map_err(|e| anyhow!("configuration: {e}"))?;
     // What a mount with the same file and flags would run with, before the check's own
     // shorter deadlines below.
     let effective = cfg.clone();

@@ -91,6 +91,8 @@ pub fn run(args: GkeSidecarArgs, log_level: Option<String>) -> anyhow::Result<()
         base.gcs.endpoint = e.clone();
     }
     args.access.apply(&mut base);
+    base.validate()
+        .map_err(|e| anyhow::anyhow!("configuration: {e}"))?;
     // As gcsfuse under the driver: files belong to root unless the options say otherwise
     // (the sidecar's own uid, 65534, would lock every non-root writer out).
     base.fs.uid.get_or_insert(0);
@@ -234,6 +236,8 @@ fn prepare(volume: &Volume, base: &Config, buffer_dir: &Path) -> Result<Ready, S
         cfg.write.staging_dir = staging.to_string_lossy().into_owned();
     }
     let applied = gke_options::apply(&offer.options, &mut cfg)?;
+    cfg.validate()
+        .map_err(|e| format!("the volume's mount options: {e}"))?;
     Ok(Ready {
         volume: Volume {
             name: volume.name.clone(),

@@ -258,6 +258,7 @@ fn config(args: &MountArgs) -> anyhow::Result<Config> {
         metrics_addr(addr)?;
     }
     args.access.apply(&mut cfg);
+    cfg.validate().map_err(|e| anyhow!("configuration: {e}"))?;
     Ok(cfg)
 }
 

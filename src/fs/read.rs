@@ -134,11 +134,11 @@ impl ReadPath {
             .build();
         let pools = moka::sync::Cache::builder()
             .max_capacity(read.max_warm_objects.max(1))
-            .time_to_idle(Duration::from_millis(read.stream_idle_ms))
+            .time_to_idle(crate::config::ttl(read.stream_idle_ms))
             .build();
         let unopened = moka::sync::Cache::builder()
             .max_capacity(read.max_warm_objects.max(1))
-            .time_to_idle(Duration::from_millis(read.stream_idle_ms))
+            .time_to_idle(crate::config::ttl(read.stream_idle_ms))
             .build();
         let quarter = u32::try_from(budget / 4 / PERMIT_BYTES).unwrap_or(u32::MAX);
         ReadPath {
