@@ -311,8 +311,10 @@ impl<Resp: Message + Default> Responses<Resp> {
                     // The window reopens as frames arrive, as hyper does: what bounds the
                     // bytes in flight is the reader's own read-ahead.
                     let _ = body.flow_control().release_capacity(data.len());
-                    self.buffered += data.len();
-                    self.frames.push_back(data);
+                    if !data.is_empty() {
+                        self.buffered += data.len();
+                        self.frames.push_back(data);
+                    }
                 }
                 Some(Err(e)) => return Err(h2_status(self.method, e)),
                 None => {
@@ -382,20 +384,22 @@ impl<Resp: Message + Default> Responses<Resp> {
     }
 }
 
-/// A broken stream or connection as the status a call ends with.
+/// A broken stream or connection as the status a call ends with. The h2 error is kept as
+/// its source: that is what marks a CANCEL as the transport's (a server going away resets
+/// its streams with it), worth another attempt, not a server's final answer.
 fn h2_status(method: &str, e: h2::Error) -> Status {
-    match e.reason() {
+    let mut s = match e.reason() {
         Some(h2::Reason::CANCEL) => Status::cancelled(format!("{method}: {e}")),
         _ => Status::unavailable(format!("{method}: {e}")),
-    }
+    };
+    s.set_source(std::sync::Arc::new(e));
+    s
 }
 
-/// Drops the first `n` bytes of `frames`.
+/// Drops the first `n` bytes of `frames`, and the empty frames that then lie in front: a
+/// `chunk` of nothing while bytes remain would have the decoder wait on it for ever.
 fn drop_front(frames: &mut VecDeque<Bytes>, mut n: usize) {
-    while n > 0 {
-        let Some(front) = frames.front_mut() else {
-            return;
-        };
+    while let Some(front) = frames.front_mut() {
         if front.len() > n {
             front.advance(n);
             return;
@@ -435,9 +439,7 @@ impl Buf for InFrames<'_> {
             Some(front) if front.len() >= len && self.left >= len => {
                 self.left -= len;
                 let out = front.split_to(len);
-                if front.is_empty() {
-                    self.frames.pop_front();
-                }
+                drop_front(self.frames, 0);
                 out
             }
             _ => {
@@ -489,6 +491,33 @@ mod tests {
         out.extend_from_slice(&(m.encoded_len() as u32).to_be_bytes());
         out.extend_from_slice(&m.encode_to_vec());
         out
+    }
+
+    #[tokio::test]
+    async fn empty_frames_between_the_others_change_nothing() {
+        let sent = [response(1, b"first payload"), response(2, &[7u8; 3000])];
+        let wire: Vec<u8> = sent.iter().flat_map(framed).collect();
+        for size in [1, 3, 100, 2999] {
+            let mut r = received(&wire, size);
+            r.frames = std::iter::once(Bytes::new())
+                .chain(r.frames.drain(..).flat_map(|f| [f, Bytes::new()]))
+                .collect();
+            for want in &sent {
+                assert_eq!(
+                    r.message().await.unwrap().as_ref(),
+                    Some(want),
+                    "frames of {size}"
+                );
+            }
+            assert_eq!(r.message().await.unwrap(), None);
+        }
+    }
+
+    #[test]
+    fn a_stream_reset_with_cancel_is_worth_another_attempt() {
+        let s = h2_status("test", h2::Error::from(h2::Reason::CANCEL));
+        assert_eq!(s.code(), tonic::Code::Cancelled);
+        assert!(super::super::retry::is_transient(&s));
     }
 
     #[tokio::test]
