@@ -435,6 +435,9 @@ impl Session {
                     crate::metrics::stream("read", crate::metrics::StreamEvent::Opened);
                     self.generation = Some(meta.generation);
                     self.conn = Some(conn);
+                    // The stall clock starts at the answer: an open that took longer than
+                    // a stall (a retry, a slow first answer) has not stalled.
+                    self.last_activity = Instant::now();
                     // The first response may already carry data of the first ranges; a bad
                     // chunk there is handled like any later break: the task reconnects.
                     if let Err(s) = self.on_response(first) {

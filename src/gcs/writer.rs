@@ -398,13 +398,13 @@ impl AppendWriter {
         }
         self.conn = Some(Conn { tx, rx });
         self.lookups = 0;
-        self.on_response(first)?;
         if !reopen {
             // A new or taken-over object: its current size is where appends continue.
             self.persisted = size;
             self.written = size;
             self.pending = Unpersisted::at(size);
         }
+        self.on_response(first)?;
         self.sent = self.persisted;
         Ok(())
     }
@@ -445,7 +445,7 @@ impl AppendWriter {
         match resp.write_status {
             Some(WriteStatus::PersistedSize(n)) => {
                 self.lookups = self.lookups.saturating_sub(1);
-                self.set_persisted(n);
+                self.set_persisted(n)?;
             }
             Some(WriteStatus::Resource(o)) => {
                 // The answer to a create sent without waiting answers no lookup.
@@ -454,7 +454,7 @@ impl AppendWriter {
                 }
                 self.answered = true;
                 self.generation = o.generation;
-                self.set_persisted(o.size);
+                self.set_persisted(o.size)?;
                 self.resource = o;
             }
             None => {}
@@ -473,14 +473,22 @@ impl AppendWriter {
         Ok(())
     }
 
-    /// Persisted data needs no keeping any more.
-    fn set_persisted(&mut self, n: i64) {
+    /// Persisted data needs no keeping any more. More persisted than written is a service
+    /// that holds bytes we never sent: appending after them would put ours at wrong offsets.
+    fn set_persisted(&mut self, n: i64) -> Attempt<()> {
         let n = u64::try_from(n).unwrap_or(0);
+        if n > self.written {
+            return Err(Fail::Fatal(Error::Other(format!(
+                "{}: service reports {n} bytes persisted, only {} were written",
+                self.what, self.written
+            ))));
+        }
         if n > self.persisted {
             self.persisted = n;
             self.failing = false;
         }
         self.pending.trim_to(self.persisted);
+        Ok(())
     }
 
     /// Sends one message, taking in responses that arrive while the queue is full; `last`
@@ -798,5 +806,26 @@ impl AppendWriter {
         self.conn = None;
         self.dead = Some(e.clone());
         e
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_persisted_size_beyond_the_bytes_written_is_refused() {
+        let (_emu, cfg) = crate::fs::test_emulator(&[], 0).await;
+        let client = Client::connect(&cfg.gcs).await.expect("client");
+        let mut w = AppendWriter::new(client, "b", "o", 1);
+        w.written = 10;
+        let answer = |n| BidiWriteObjectResponse {
+            write_status: Some(WriteStatus::PersistedSize(n)),
+            ..Default::default()
+        };
+        assert!(w.on_response(answer(10)).is_ok());
+        assert_eq!(w.persisted(), 10);
+        assert!(matches!(w.on_response(answer(11)), Err(Fail::Fatal(_))));
+        assert_eq!(w.persisted(), 10);
     }
 }
