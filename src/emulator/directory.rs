@@ -35,6 +35,10 @@ pub(crate) struct DirectoryBackend {
     tmp: PathBuf,
     tmp_counter: AtomicU64,
     journals: Journals,
+    /// Held (an exclusive `flock`) for as long as this backend serves the root: a second
+    /// emulator over it would clear the first one's temporary files and unlink the journals
+    /// it appends to, so that what it acknowledged afterwards would not survive a restart.
+    _lock: File,
 }
 
 /// What the metadata file keeps of one object.
@@ -129,6 +133,22 @@ impl DirectoryBackend {
         let tmp = meta.join("tmp");
         fs::create_dir_all(meta.join("buckets"))
             .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", meta.display()))?;
+        let lock_path = meta.join("lock");
+        let lock = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", lock_path.display()))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(fs::TryLockError::WouldBlock) => {
+                anyhow::bail!("{} is served by another emulator already", root.display())
+            }
+            Err(fs::TryLockError::Error(e)) => {
+                anyhow::bail!("cannot lock {}: {e}", lock_path.display())
+            }
+        }
         // Leftovers of a crash were never acknowledged.
         let _ = fs::remove_dir_all(&tmp);
         fs::create_dir_all(&tmp)
@@ -138,6 +158,7 @@ impl DirectoryBackend {
             root,
             tmp,
             tmp_counter: AtomicU64::new(0),
+            _lock: lock,
         })
     }
 
@@ -542,7 +563,23 @@ impl Backend for DirectoryBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::Record;
+    use super::{DirectoryBackend, Record};
+
+    #[test]
+    fn a_root_is_served_by_one_emulator_at_a_time() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let first = DirectoryBackend::new(root.path().to_path_buf()).expect("first");
+        let err = DirectoryBackend::new(root.path().to_path_buf())
+            .err()
+            .expect("a second backend over the same root is refused");
+        assert!(
+            err.to_string().contains("served by another emulator"),
+            "{err}"
+        );
+        drop(first);
+        DirectoryBackend::new(root.path().to_path_buf())
+            .expect("free again once the first is gone");
+    }
 
     #[test]
     fn records_written_before_custom_metadata_was_kept_still_load() {
