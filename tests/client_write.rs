@@ -164,6 +164,25 @@ async fn writes_survive_redirects_and_unavailable() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_object_uploads_follow_redirects() {
+    let emu = emulator(Faults {
+        redirect_every: Some(1),
+        ..Faults::default()
+    })
+    .await;
+    let c = client(&emu).await;
+    let src = data(3 * MIB + 7, 5);
+    let m = c
+        .put_object(BUCKET, "u", src.clone(), Default::default(), None)
+        .await
+        .unwrap();
+    assert_eq!(m.size, src.len() as u64);
+    emu.set_faults(Faults::default());
+    assert!(read_all(&c, "u").await == src);
+    assert_eq!(emu.stats().missing_routing_header, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unpersisted_bytes_stay_within_the_write_buffer() {
     let emu = emulator(Faults {
         latency_us: 2_000,

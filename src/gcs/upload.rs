@@ -8,18 +8,19 @@
 //! replacing a file that way would show a truncated object until the upload ends, and leave
 //! one behind if it failed. A plain upload becomes live only when it finishes, atomically, and
 //! a generation precondition makes sure it replaces exactly the version the caller read.
-//! A broken stream leaves nothing behind, so a retry starts over from the first byte.
+//! A broken stream leaves nothing behind, so a retry starts over from the first byte; a
+//! redirect's routing token goes with every later attempt.
 //! Touches only its own stream and the file it is given (read only).
 
 use super::retry::{self, Backoff};
 use super::stream::{self, Requests};
-use super::writer::Fail;
-use super::writer::MAX_CHUNK;
+use super::writer::{Fail, MAX_CHUNK, REDIRECT_TYPE};
 use super::{object_url, Client, Error, ObjectMeta, Result};
 use crate::proto::storage::{
     bidi_write_object_request::{Data, FirstMessage},
     bidi_write_object_response::WriteStatus,
-    BidiWriteObjectRequest, ChecksummedData, ObjectChecksums, WriteObjectSpec,
+    BidiWriteObjectRedirectedError, BidiWriteObjectRequest, ChecksummedData, ObjectChecksums,
+    WriteObjectSpec,
 };
 use bytes::Bytes;
 use std::collections::HashMap;
@@ -107,16 +108,29 @@ impl Client {
     ) -> Result<ObjectMeta> {
         let what = object_url(bucket, object);
         let mut backoff = Backoff::new(self.config());
+        // A redirect names where the upload goes: its routing token rides on every later
+        // attempt, as the appendable writer's does.
+        let mut routing_token = None;
         loop {
-            let s = match self
-                .try_upload(bucket, object, &source, &metadata, if_generation_match)
-                .await
-            {
+            let attempt = self.try_upload(
+                bucket,
+                object,
+                &source,
+                &metadata,
+                if_generation_match,
+                routing_token.as_deref(),
+            );
+            let s = match attempt.await {
                 Ok(meta) => return Ok(meta),
                 Err(Fail::Fatal(e)) => return Err(e),
                 Err(Fail::Stream(s)) => s,
             };
-            retry::retry_after(&mut backoff, &s, false, &what).await?;
+            let redirect =
+                retry::redirect_detail::<BidiWriteObjectRedirectedError>(&s, REDIRECT_TYPE);
+            if let Some(token) = redirect.as_ref().and_then(|r| r.routing_token.clone()) {
+                routing_token = Some(token);
+            }
+            retry::retry_after(&mut backoff, &s, redirect.is_some(), &what).await?;
             tracing::debug!(object = %what, code = ?s.code(), msg = s.message(), "upload restarts");
         }
     }
@@ -128,6 +142,7 @@ impl Client {
         source: &Source,
         metadata: &HashMap<String, String>,
         if_generation_match: Option<i64>,
+        routing_token: Option<&str>,
     ) -> std::result::Result<ObjectMeta, Fail> {
         let what = object_url(bucket, object);
         let len = source.len();
@@ -143,7 +158,7 @@ impl Client {
         let cfg = self.config();
         let opened = tokio::time::timeout(
             Duration::from_millis(cfg.call_timeout_ms),
-            stream::write(self.streams(), bucket, None, &first),
+            stream::write(self.streams(), bucket, routing_token, &first),
         );
         let (tx, mut rx) = match opened.await {
             Ok(r) => r?,

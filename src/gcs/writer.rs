@@ -29,7 +29,7 @@ pub(crate) const MAX_CHUNK: usize = 2 * 1024 * 1024;
 /// flush in one write to the socket, and the service wakes once for the file, not three
 /// times. Larger files stream as before, their close waiting for at most this much more.
 const SEND_AT_LEAST: u64 = 256 * 1024;
-const REDIRECT_TYPE: &str = "google.storage.v2.BidiWriteObjectRedirectedError";
+pub(super) const REDIRECT_TYPE: &str = "google.storage.v2.BidiWriteObjectRedirectedError";
 
 /// How `try_pump` ends what it sends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
