@@ -507,3 +507,41 @@ async fn a_killed_emulator_keeps_every_acknowledged_object() {
     let log = c.get_object("b", "log").await.unwrap();
     assert_eq!((log.size, log.finalized), (3 << 20, false));
 }
+
+/// The epoch of bucket `bucket`'s metadata snapshot under `root`: a new one means the whole
+/// bucket's metadata was written again.
+fn snapshot_epoch(root: &std::path::Path, bucket: &str) -> u64 {
+    let path = root.join(format!(".rapidfs-emulator/buckets/{bucket}.json"));
+    let snapshot: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    snapshot["epoch"].as_u64().unwrap()
+}
+
+#[tokio::test]
+async fn a_move_looks_at_its_two_names_only() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("b")).unwrap();
+    let emu = directory(dir.path()).await;
+    emu.put_object("b", "from", Bytes::from_static(b"moved"))
+        .unwrap();
+    let epoch = snapshot_epoch(dir.path(), "b");
+    // A file put there behind the emulator's back, elsewhere in the bucket: a move that
+    // walked the whole bucket found it and wrote every record again.
+    std::fs::create_dir(dir.path().join("b/elsewhere")).unwrap();
+    std::fs::write(dir.path().join("b/elsewhere/new"), b"unseen").unwrap();
+    let mut c = client(&emu).await;
+    c.move_object(routed(
+        "b",
+        MoveObjectRequest {
+            bucket: bpath("b"),
+            source_object: "from".into(),
+            destination_object: "to".into(),
+            ..Default::default()
+        },
+    ))
+    .await
+    .unwrap();
+    assert_eq!(read_all(&mut c, "b", "to").await, b"moved"[..]);
+    assert_eq!(snapshot_epoch(dir.path(), "b"), epoch);
+    assert_eq!(names(&mut c, "b").await, ["elsewhere/new", "to"]);
+}

@@ -225,11 +225,7 @@ impl Store {
         let state = all
             .get_mut(bucket)
             .ok_or_else(|| Status::not_found(format!("bucket {bucket:?} does not exist")))?;
-        let changed = match refresh {
-            Refresh::None => false,
-            Refresh::Prefix(p) => self.backend.refresh(self, bucket, state, p)?,
-            Refresh::One(n) => self.backend.refresh_one(self, bucket, state, n)?,
-        };
+        let changed = self.refresh(bucket, state, refresh)?;
         if changed {
             self.backend.save(bucket, state, Touched::All)?;
         }
@@ -249,15 +245,30 @@ impl Store {
         let state = all
             .get_mut(bucket)
             .ok_or_else(|| Status::not_found(format!("bucket {bucket:?} does not exist")))?;
-        let refreshed = match refresh {
-            Refresh::None => false,
-            Refresh::Prefix(p) => self.backend.refresh(self, bucket, state, p)?,
-            Refresh::One(n) => self.backend.refresh_one(self, bucket, state, n)?,
-        };
+        let refreshed = self.refresh(bucket, state, refresh)?;
         let out = f(state)?;
         let touched = if refreshed { Touched::All } else { touched };
         self.backend.save(bucket, state, touched)?;
         Ok(out)
+    }
+
+    /// Brings `state` in line with what the backend holds under `refresh`; true when that
+    /// changed it.
+    fn refresh(
+        &self,
+        bucket: &str,
+        state: &mut BucketState,
+        refresh: Refresh<'_>,
+    ) -> Result<bool, Status> {
+        Ok(match refresh {
+            Refresh::None => false,
+            Refresh::Prefix(p) => self.backend.refresh(self, bucket, state, p)?,
+            Refresh::One(n) => self.backend.refresh_one(self, bucket, state, n)?,
+            Refresh::Two(a, b) => {
+                let a = self.backend.refresh_one(self, bucket, state, a)?;
+                self.backend.refresh_one(self, bucket, state, b)? || a
+            }
+        })
     }
 
     /// The bucket's creation time, if it exists.
@@ -473,9 +484,11 @@ impl Store {
         dst: Preconditions,
     ) -> Result<Entry, Status> {
         self.check_name(to)?;
+        // Only the two names are looked at on disk: a walk of the whole bucket made every
+        // rename cost as much as the bucket holds.
         self.mutate(
             bucket,
-            Refresh::Prefix(""),
+            Refresh::Two(from, to),
             Touched::Names(&[from, to]),
             |b| {
                 let e = b.objects.get(from).ok_or_else(|| not_found(bucket, from))?;
@@ -623,10 +636,13 @@ impl Store {
     }
 }
 
+/// What of a bucket is looked at in the backend before a call: nothing, a prefix, or names.
 enum Refresh<'a> {
     None,
     Prefix(&'a str),
     One(&'a str),
+    /// Two names: a move's source and destination.
+    Two(&'a str, &'a str),
 }
 
 fn not_found(bucket: &str, name: &str) -> Status {
