@@ -32,7 +32,6 @@ use crate::gcs::Client;
 use bytes::{Bytes, BytesMut};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 use tokio::sync::Semaphore;
 
 /// Read-ahead budget is counted in units of this many bytes (semaphore permits).
@@ -640,6 +639,7 @@ impl std::fmt::Debug for Handle {
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
 
     /// An emulator holding object "f" of 50,000 bytes with `latency_us` per response, the
     /// read path of a mount on it, and the object's metadata.
