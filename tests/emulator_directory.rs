@@ -545,3 +545,29 @@ async fn a_move_looks_at_its_two_names_only() {
     assert_eq!(snapshot_epoch(dir.path(), "b"), epoch);
     assert_eq!(names(&mut c, "b").await, ["elsewhere/new", "to"]);
 }
+
+#[tokio::test]
+async fn a_move_onto_a_directory_made_on_disk_is_refused_and_keeps_its_source() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("b")).unwrap();
+    let emu = directory(dir.path()).await;
+    emu.put_object("b", "from", Bytes::from_static(b"kept"))
+        .unwrap();
+    std::fs::create_dir(dir.path().join("b/to")).unwrap();
+    let mut c = client(&emu).await;
+    let e = c
+        .move_object(routed(
+            "b",
+            MoveObjectRequest {
+                bucket: bpath("b"),
+                source_object: "from".into(),
+                destination_object: "to".into(),
+                ..Default::default()
+            },
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
+    assert_eq!(std::fs::read(dir.path().join("b/from")).unwrap(), b"kept");
+    assert_eq!(read_all(&mut c, "b", "from").await, b"kept"[..]);
+}

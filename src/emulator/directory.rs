@@ -179,21 +179,30 @@ impl DirectoryBackend {
         Ok(())
     }
 
-    /// Renames a finished temporary file onto `dest` durably.
-    fn install(&self, tmp: &Path, dest: &Path) -> Result<(), Status> {
+    /// Renames `from` (a finished temporary file, or a moved object's file) onto `dest`
+    /// durably. A directory in the way refuses it and leaves `from` where it is.
+    fn install(&self, from: &Path, dest: &Path) -> Result<(), Status> {
         self.make_parents(dest)?;
         if dest.is_dir() {
-            let _ = fs::remove_file(tmp);
             return Err(Status::failed_precondition(format!(
                 "{} is a directory (a folder is in the way)",
                 dest.display()
             )));
         }
-        fs::rename(tmp, dest).map_err(|e| io_status("rename into", dest, e))?;
+        fs::rename(from, dest).map_err(|e| io_status("rename into", dest, e))?;
         if let Some(parent) = dest.parent() {
             fsync_dir(parent).map_err(|e| io_status("fsync", parent, e))?;
         }
         Ok(())
+    }
+
+    /// `install`s the temporary file `tmp`, which is removed if it cannot be.
+    fn install_temporary(&self, tmp: &Path, dest: &Path) -> Result<(), Status> {
+        let installed = self.install(tmp, dest);
+        if installed.is_err() {
+            let _ = fs::remove_file(tmp);
+        }
+        installed
     }
 
     /// A finalized entry for a file found on disk (its checksum is not computed).
@@ -462,7 +471,7 @@ impl Backend for DirectoryBackend {
         let tmp = self.temp_path();
         File::create(&tmp).map_err(|e| io_status("create", &tmp, e))?;
         let dest = self.path(bucket, name);
-        self.install(&tmp, &dest)?;
+        self.install_temporary(&tmp, &dest)?;
         Ok(Data::File(dest))
     }
 
@@ -486,7 +495,7 @@ impl Backend for DirectoryBackend {
         };
         write().map_err(|e| io_status("write", &tmp, e))?;
         let dest = self.path(bucket, name);
-        self.install(&tmp, &dest)?;
+        self.install_temporary(&tmp, &dest)?;
         Ok(Data::File(dest))
     }
 
