@@ -4,8 +4,9 @@ data, one with --metrics-addr and two without, measured in the same run, taking 
 second mount without metrics is the harness's own noise floor (its ratio to the first should
 be 1.0).
 
-Each mount runs its own built-in emulator (--emulator) over the same directory in /dev/shm
-(tmpfs), so the data never touches a disk. Reads use O_DIRECT (the kernel page cache is
+Each mount runs its own built-in emulator (--emulator) over a directory of its own in /dev/shm
+(tmpfs; one emulator serves a directory at a time), each holding a hard link to the same data
+file, so the data never touches a disk. Reads use O_DIRECT (the kernel page cache is
 bypassed, every read is a FUSE request) at random 4 KiB-aligned offsets of a file that was
 read once first, so the daemon answers from its block cache: the shortest path a request can
 take, where the metrics' share of the work is largest. The reader, both daemons and their
@@ -127,17 +128,20 @@ def main():
     size = args.size_mb << 20
 
     work = tempfile.mkdtemp(prefix="rapidfs-mbench-", dir="/dev/shm")
-    root = os.path.join(work, "root")
-    os.makedirs(os.path.join(root, BUCKET))
-    with open(os.path.join(root, BUCKET, "data.bin"), "wb") as f:
+    data = os.path.join(work, "data.bin")
+    with open(data, "wb") as f:
         for _ in range(args.size_mb):
             f.write(os.urandom(1 << 20))
     mnts = {m: tempfile.mkdtemp(prefix=f"{m}-", dir=work) for m in ("off", "off2", "on")}
+    roots = {m: os.path.join(work, f"root-{m}") for m in mnts}
+    for root in roots.values():
+        os.makedirs(os.path.join(root, BUCKET))
+        os.link(data, os.path.join(root, BUCKET, "data.bin"))
     port = free_port()
     try:
-        mount(binary, root, mnts["off"], [])
-        mount(binary, root, mnts["off2"], [])
-        mount(binary, root, mnts["on"], ["--metrics-addr", f"127.0.0.1:{port}"])
+        mount(binary, roots["off"], mnts["off"], [])
+        mount(binary, roots["off2"], mnts["off2"], [])
+        mount(binary, roots["on"], mnts["on"], ["--metrics-addr", f"127.0.0.1:{port}"])
         for m in mnts.values():  # warm each daemon's block cache with one sequential pass
             fd = os.open(os.path.join(m, "data.bin"), os.O_RDONLY)
             while os.read(fd, 1 << 20):

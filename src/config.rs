@@ -61,9 +61,9 @@ pub struct GcsConfig {
     /// HTTP/2 connections per client for its unary calls, and as many again for its bidi read
     /// and write streams; each kind is spread over its connections round robin.
     pub connections: usize,
-    /// Initial HTTP/2 flow-control window of each stream, in KiB.
+    /// Initial HTTP/2 flow-control window of each stream, in KiB (1 to 2097151: HTTP/2's limit).
     pub stream_window_kb: u32,
-    /// Initial HTTP/2 flow-control window of each connection, in KiB.
+    /// Initial HTTP/2 flow-control window of each connection, in KiB (1 to 2097151).
     pub connection_window_kb: u32,
     /// Bytes a `read_stream` consumer may have requested ahead of what it has taken, in KiB.
     pub read_stream_window_kb: u64,
@@ -192,7 +192,7 @@ pub struct ReadConfig {
     pub readahead_initial_kb: u64,
     /// Largest read-ahead window, in KiB.
     pub readahead_max_kb: u64,
-    /// Unit of the block cache and of sequential fetches, in KiB.
+    /// Unit of the block cache and of sequential fetches, in KiB (at most 65536).
     pub block_kb: u64,
     /// Objects up to this size are fetched whole, in one range, at their first read, in KiB.
     pub small_object_kb: u64,

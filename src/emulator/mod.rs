@@ -307,7 +307,9 @@ impl Emulator {
             .map_err(|s| anyhow::anyhow!("put {bucket}/{name}: {}", s.message()))
     }
 
-    /// Stops serving and waits until the server has closed.
+    /// Stops serving and waits until the server has closed. A directory root stays locked
+    /// (see `directory.rs`) while a client still holds a stream open on it: a restart over
+    /// the same root in one process needs its clients' streams closed first.
     pub async fn shutdown(mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
