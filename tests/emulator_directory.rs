@@ -51,6 +51,25 @@ async fn names(
     .collect()
 }
 
+/// Moves `from` to `to` in bucket "b".
+async fn move_in_b(
+    c: &mut rapidfs::proto::storage::storage_client::StorageClient<tonic::transport::Channel>,
+    from: &str,
+    to: &str,
+) -> Result<Object, tonic::Status> {
+    c.move_object(routed(
+        "b",
+        MoveObjectRequest {
+            bucket: bpath("b"),
+            source_object: from.into(),
+            destination_object: to.into(),
+            ..Default::default()
+        },
+    ))
+    .await
+    .map(|r| r.into_inner())
+}
+
 /// What a lookup's probe of `name` in bucket "b" finds: (objects, prefixes).
 async fn probe(
     c: &mut rapidfs::proto::storage::storage_client::StorageClient<tonic::transport::Channel>,
@@ -265,18 +284,7 @@ async fn names_escaping_the_root_are_refused() {
         assert_eq!(e.map(|e| e.code()), Some(Code::InvalidArgument), "{bad:?}");
         assert!(emu.put_object("b", bad, Bytes::new()).is_err());
     }
-    let e = c
-        .move_object(routed(
-            "b",
-            MoveObjectRequest {
-                bucket: bpath("b"),
-                source_object: "ok".into(),
-                destination_object: "../../x".into(),
-                ..Default::default()
-            },
-        ))
-        .await
-        .unwrap_err();
+    let e = move_in_b(&mut c, "ok", "../../x").await.unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument);
     let e = get(&mut c, "..", "x").await.unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument);
@@ -530,17 +538,7 @@ async fn a_move_looks_at_its_two_names_only() {
     std::fs::create_dir(dir.path().join("b/elsewhere")).unwrap();
     std::fs::write(dir.path().join("b/elsewhere/new"), b"unseen").unwrap();
     let mut c = client(&emu).await;
-    c.move_object(routed(
-        "b",
-        MoveObjectRequest {
-            bucket: bpath("b"),
-            source_object: "from".into(),
-            destination_object: "to".into(),
-            ..Default::default()
-        },
-    ))
-    .await
-    .unwrap();
+    move_in_b(&mut c, "from", "to").await.unwrap();
     assert_eq!(read_all(&mut c, "b", "to").await, b"moved"[..]);
     assert_eq!(snapshot_epoch(dir.path(), "b"), epoch);
     assert_eq!(names(&mut c, "b").await, ["elsewhere/new", "to"]);
@@ -555,18 +553,7 @@ async fn a_move_onto_a_directory_made_on_disk_is_refused_and_keeps_its_source() 
         .unwrap();
     std::fs::create_dir(dir.path().join("b/to")).unwrap();
     let mut c = client(&emu).await;
-    let e = c
-        .move_object(routed(
-            "b",
-            MoveObjectRequest {
-                bucket: bpath("b"),
-                source_object: "from".into(),
-                destination_object: "to".into(),
-                ..Default::default()
-            },
-        ))
-        .await
-        .unwrap_err();
+    let e = move_in_b(&mut c, "from", "to").await.unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
     assert_eq!(std::fs::read(dir.path().join("b/from")).unwrap(), b"kept");
     assert_eq!(read_all(&mut c, "b", "from").await, b"kept"[..]);

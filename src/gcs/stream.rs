@@ -493,6 +493,19 @@ mod tests {
         out
     }
 
+    /// `r` decodes to `sent`, then ends; `size` names the frames' size in failures.
+    async fn gives_back(
+        r: &mut Responses<BidiReadObjectResponse>,
+        sent: &[BidiReadObjectResponse],
+        size: usize,
+    ) {
+        for want in sent {
+            let got = r.message().await.unwrap();
+            assert_eq!(got.as_ref(), Some(want), "frames of {size}");
+        }
+        assert_eq!(r.message().await.unwrap(), None);
+    }
+
     #[tokio::test]
     async fn empty_frames_between_the_others_change_nothing() {
         let sent = [response(1, b"first payload"), response(2, &[7u8; 3000])];
@@ -502,14 +515,7 @@ mod tests {
             r.frames = std::iter::once(Bytes::new())
                 .chain(r.frames.drain(..).flat_map(|f| [f, Bytes::new()]))
                 .collect();
-            for want in &sent {
-                assert_eq!(
-                    r.message().await.unwrap().as_ref(),
-                    Some(want),
-                    "frames of {size}"
-                );
-            }
-            assert_eq!(r.message().await.unwrap(), None);
+            gives_back(&mut r, &sent, size).await;
         }
     }
 
@@ -526,14 +532,7 @@ mod tests {
         let wire: Vec<u8> = sent.iter().flat_map(framed).collect();
         for size in [1, 2, 5, 7, 100, 2999, wire.len()] {
             let mut r = received(&wire, size);
-            for want in &sent {
-                assert_eq!(
-                    r.message().await.unwrap().as_ref(),
-                    Some(want),
-                    "frames of {size}"
-                );
-            }
-            assert_eq!(r.message().await.unwrap(), None);
+            gives_back(&mut r, &sent, size).await;
         }
     }
 
