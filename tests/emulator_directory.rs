@@ -558,3 +558,26 @@ async fn a_move_onto_a_directory_made_on_disk_is_refused_and_keeps_its_source() 
     assert_eq!(std::fs::read(dir.path().join("b/from")).unwrap(), b"kept");
     assert_eq!(read_all(&mut c, "b", "from").await, b"kept"[..]);
 }
+
+#[tokio::test]
+async fn a_folder_name_with_an_empty_segment_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("b")).unwrap();
+    let emu = directory(dir.path()).await;
+    let mut ctl = control(&emu).await;
+    for bad in ["a//", "a//b/", "a/b//"] {
+        let e = ctl
+            .create_folder(routed(
+                "b",
+                CreateFolderRequest {
+                    parent: bpath("b"),
+                    folder_id: bad.into(),
+                    recursive: true,
+                    ..Default::default()
+                },
+            ))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{bad:?}: {e}");
+    }
+}

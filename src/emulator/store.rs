@@ -665,7 +665,13 @@ fn check_not_folder(b: &BucketState, name: &str) -> Result<(), Status> {
 }
 
 fn check_folder_name(folder: &str) -> Result<(), Status> {
-    if folder.len() < 2 || !folder.ends_with('/') || folder.starts_with('/') {
+    // "a//" would pass the object-name check as "a" once its slashes are trimmed, and name a
+    // folder that no path on disk or in a listing ever matches.
+    if folder.len() < 2
+        || !folder.ends_with('/')
+        || folder.starts_with('/')
+        || folder.contains("//")
+    {
         return Err(Status::invalid_argument(format!(
             "invalid folder {folder:?}: expected a name like \"a/b/\""
         )));
