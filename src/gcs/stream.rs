@@ -133,12 +133,25 @@ fn accepted(
         }
     }
     if resp.status() != http::StatusCode::OK {
-        return Err(Status::unavailable(format!(
-            "{method} answered HTTP {}",
-            resp.status()
-        )));
+        return Err(http_status(method, resp.status()));
     }
     Ok(resp.into_body())
+}
+
+/// The status of a call answered with HTTP `code` and no gRPC status, mapped much as gRPC's
+/// own clients map it. A proxy or front end that refuses the credentials answers 401 or 403:
+/// taken as UNAVAILABLE, that was retried until the deadline and surfaced as EIO instead of
+/// EACCES. Any 5xx stays transient, as a front end's 500 usually is; a 400 is not retried
+/// (gRPC's INTERNAL would be, by `retry`).
+fn http_status(method: &str, code: http::StatusCode) -> Status {
+    let msg = format!("{method} answered HTTP {code}");
+    match code.as_u16() {
+        401 => Status::unauthenticated(msg),
+        403 => Status::permission_denied(msg),
+        404 => Status::unimplemented(msg),
+        429 | 500..=599 => Status::unavailable(msg),
+        _ => Status::unknown(msg),
+    }
 }
 
 /// The request side of an open call. It stays open while the call runs (a half-close could
@@ -455,6 +468,27 @@ impl Buf for InFrames<'_> {
 mod tests {
     use super::*;
     use crate::proto::storage::{ChecksummedData, ObjectRangeData, ReadRange};
+
+    #[test]
+    fn refused_credentials_in_plain_http_are_final_and_denied() {
+        use crate::gcs::retry::{is_transient, map_status};
+        use crate::gcs::Error;
+        for code in [401, 403] {
+            let s = http_status("BidiReadObject", http::StatusCode::from_u16(code).unwrap());
+            assert!(!is_transient(&s), "{code}: {s:?}");
+            let e = map_status(&s, "o");
+            assert!(matches!(e, Error::PermissionDenied(_)), "{code}: {e}");
+            assert!(e.to_string().contains(&code.to_string()), "{e}");
+        }
+        for code in [400, 404] {
+            let s = http_status("BidiReadObject", http::StatusCode::from_u16(code).unwrap());
+            assert!(!is_transient(&s), "{code}: {s:?}");
+        }
+        for code in [429, 500, 502, 503, 504] {
+            let s = http_status("BidiReadObject", http::StatusCode::from_u16(code).unwrap());
+            assert!(is_transient(&s), "{code}: {s:?}");
+        }
+    }
 
     fn response(read_id: i64, content: &'static [u8]) -> BidiReadObjectResponse {
         BidiReadObjectResponse {
