@@ -426,6 +426,7 @@ async fn read_once_returns_the_range_and_releases_its_stream() {
             (MIB, MIB),
             (MIB - 10, 3 * MIB + 20),
             (want.len() - 5, 5),
+            (MIB, 0),
         ] {
             let got = c
                 .read_once(BUCKET, "o", generation, offset as u64, len as u64)
