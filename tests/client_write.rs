@@ -183,6 +183,45 @@ async fn whole_object_uploads_follow_redirects() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_or_delete_whose_answer_was_lost_is_reported_done() {
+    let emu = emulator(Faults::default()).await;
+    let c = client(&emu).await;
+    let a = c
+        .put_object(BUCKET, "a", data(100, 1), Default::default(), None)
+        .await
+        .unwrap();
+    c.put_object(BUCKET, "b", data(100, 2), Default::default(), None)
+        .await
+        .unwrap();
+    emu.set_faults(Faults {
+        lose_answer_every: Some(1),
+        ..Faults::default()
+    });
+    let moved = c
+        .move_object(BUCKET, "a", "a2", Some(a.generation), Some(0))
+        .await
+        .expect("the lost move is found done");
+    assert_eq!(moved.generation, a.generation);
+    assert!(matches!(
+        c.get_object(BUCKET, "a").await,
+        Err(Error::NotFound(_))
+    ));
+    // Without the source's generation a lost answer cannot be told from a missing source.
+    let unknown = c.move_object(BUCKET, "b", "b2", None, None).await;
+    assert!(matches!(unknown, Err(Error::NotFound(_))), "{unknown:?}");
+    c.delete_object(BUCKET, "a2", Some(a.generation))
+        .await
+        .expect("the lost delete is found done");
+    emu.set_faults(Faults::default());
+    assert!(matches!(
+        c.get_object(BUCKET, "a2").await,
+        Err(Error::NotFound(_))
+    ));
+    assert_eq!(c.get_object(BUCKET, "b2").await.unwrap().size, 100);
+    assert_eq!(emu.stats().faults_injected, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unpersisted_bytes_stay_within_the_write_buffer() {
     let emu = emulator(Faults {
         latency_us: 2_000,

@@ -125,3 +125,33 @@ fn namespace_changes_are_seen_at_once_whatever_the_ttls() {
         );
     });
 }
+
+/// A rename or an unlink the server carried out, whose answer was lost with its connection,
+/// succeeds: the retry that finds the source gone tells it from a real failure.
+#[test]
+fn a_rename_or_unlink_whose_answer_was_lost_succeeds() {
+    let env = FsEnv::new("b", |_| {});
+    env.put("a", b"abc");
+    env.put("c", b"c");
+    let fs = &env.fs;
+    env.emu().set_faults(rapidfs::emulator::Faults {
+        lose_answer_every: Some(1),
+        ..Default::default()
+    });
+    env.rt.block_on(async {
+        fs.rename(ROOT_INO, "a", ROOT_INO, "b", 0)
+            .await
+            .expect("rename");
+        assert_eq!(
+            fs.lookup(ROOT_INO, "a").await.map(|_| ()),
+            Err(Errno::ENOENT)
+        );
+        assert_eq!(fs.lookup(ROOT_INO, "b").await.expect("b").attr.size, 3);
+        fs.unlink(ROOT_INO, "c").await.expect("unlink");
+        assert_eq!(
+            fs.lookup(ROOT_INO, "c").await.map(|_| ()),
+            Err(Errno::ENOENT)
+        );
+    });
+    assert!(env.emu().stats().faults_injected >= 2);
+}

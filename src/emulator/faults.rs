@@ -20,6 +20,9 @@ pub struct Faults {
     pub cut_write_after_bytes: Option<u64>,
     /// Fail every k-th call (unary calls and stream opens) with UNAVAILABLE.
     pub unavailable_every: Option<u64>,
+    /// Carry out every k-th MoveObject or DeleteObject, then answer it UNAVAILABLE: the
+    /// answer lost with its connection after the change was made, which a client retries.
+    pub lose_answer_every: Option<u64>,
     /// Answer every k-th bidi stream open (read and write) with ABORTED carrying a
     /// Bidi{Read,Write}ObjectRedirectedError (routing token + handle).
     pub redirect_every: Option<u64>,
@@ -49,6 +52,7 @@ pub(crate) struct FaultState {
     faults: RwLock<Faults>,
     calls: AtomicU64,
     opens: AtomicU64,
+    changes: AtomicU64,
     /// Routing tokens handed out in redirects; a reopen carrying one is not redirected again.
     tokens: Mutex<HashSet<String>>,
 }
@@ -78,6 +82,7 @@ impl FaultState {
         }
         self.calls.store(0, Ordering::Relaxed);
         self.opens.store(0, Ordering::Relaxed);
+        self.changes.store(0, Ordering::Relaxed);
     }
 
     /// The delay to add to each message, if any.
@@ -90,6 +95,12 @@ impl FaultState {
     pub fn call_fails(&self) -> bool {
         let n = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
         matches!(self.get().unavailable_every, Some(k) if k > 0 && n.is_multiple_of(k))
+    }
+
+    /// Counts one change a unary call made; true when its answer must be lost.
+    pub fn answer_lost(&self) -> bool {
+        let n = self.changes.fetch_add(1, Ordering::Relaxed) + 1;
+        matches!(self.get().lose_answer_every, Some(k) if k > 0 && n.is_multiple_of(k))
     }
 
     /// Counts one bidi stream open; returns a fresh routing token when this one must be

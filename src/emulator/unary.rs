@@ -139,7 +139,7 @@ impl Service {
                 if_metageneration_not_match: r.if_metageneration_not_match,
             },
         )?;
-        Ok(Response::new(()))
+        self.calls.answer(Response::new(()))
     }
 
     /// MoveObject: an atomic rename within the bucket.
@@ -168,6 +168,7 @@ impl Service {
                 if_metageneration_not_match: r.if_metageneration_not_match,
             },
         )?;
-        Ok(Response::new(to_proto(&bucket, &r.destination_object, &e)))
+        self.calls
+            .answer(Response::new(to_proto(&bucket, &r.destination_object, &e)))
     }
 }

@@ -96,6 +96,18 @@ impl Calls {
         Ok(())
     }
 
+    /// The answer of a unary call that made its change: UNAVAILABLE instead, when one is
+    /// due to be lost (`Faults::lose_answer_every`).
+    pub fn answer<T>(&self, answer: T) -> Result<T, Status> {
+        if self.faults.answer_lost() {
+            add(&self.stats.faults_injected, 1);
+            return Err(Status::unavailable(
+                "injected fault: the change was made, its answer lost (lose_answer_every)",
+            ));
+        }
+        Ok(answer)
+    }
+
     /// Waits out the injected latency of a unary call.
     pub async fn delay(&self) {
         if let Some(d) = self.faults.latency() {

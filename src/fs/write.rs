@@ -868,7 +868,8 @@ impl Writes {
             "service refuses to replace an unfinalized object: upload aside, delete, move"
         );
         let (file, len) = (s.file.file(), s.file.size());
-        self.client
+        let uploaded = self
+            .client
             .upload_file(&self.bucket, &tmp, file, len, Some(0))
             .await
             .map_err(|e| log_err("upload", &tmp, &e))?;
@@ -884,7 +885,7 @@ impl Writes {
             });
         }
         self.client
-            .move_object(&self.bucket, &tmp, key, None, Some(0))
+            .move_object(&self.bucket, &tmp, key, Some(uploaded.generation), Some(0))
             .await
             .map_err(|e| {
                 tracing::error!(path = key, saved_as = tmp, error = %e, "the new version could not be moved into place; it is kept under the temporary name");

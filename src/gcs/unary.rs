@@ -126,6 +126,8 @@ impl Client {
 
     /// Atomically renames `source` to `destination` (MoveObject); the preconditions guard
     /// against renaming a changed source or replacing an existing destination (`Some(0)`).
+    /// Give the source's generation where it is known: only then can a retry whose first
+    /// attempt moved the object, and lost the answer, be told from a failure.
     pub async fn move_object(
         &self,
         bucket: &str,
@@ -143,13 +145,30 @@ impl Client {
             if_generation_match,
             ..Default::default()
         };
-        let o = retry::unary(self.config(), &what, |_| {
+        let mut retried = false;
+        let moved = retry::unary(self.config(), &what, |attempt| {
+            retried |= attempt > 0;
             let req = routing::request(msg.clone(), bucket, None, Some(self.call_timeout()));
             let mut stub = self.stub();
             async move { stub.move_object(req.map_err(to_status)?).await }
         })
-        .await?;
-        Ok(ObjectMeta::from(o.get_ref()))
+        .await;
+        match (moved, if_source_generation_match) {
+            (Ok(o), _) => Ok(ObjectMeta::from(o.get_ref())),
+            // A retry that finds the source gone may follow an attempt that moved it and
+            // lost only its answer: the destination then holds the source's generation,
+            // which no other object has. Without a known source generation there is no
+            // telling, and the error stands.
+            (Err(e @ (Error::NotFound(_) | Error::PreconditionFailed(_))), Some(source))
+                if retried =>
+            {
+                match self.get_object(bucket, destination).await {
+                    Ok(m) if m.generation == source => Ok(m),
+                    _ => Err(e),
+                }
+            }
+            (Err(e), _) => Err(e),
+        }
     }
 
     /// Bucket facts (location type tells a zonal Rapid bucket apart).
