@@ -15,7 +15,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 use tonic::Status;
@@ -45,6 +45,8 @@ struct Line<R> {
 struct Open {
     epoch: u64,
     file: File,
+    /// Bytes of whole lines in the file: where the next line goes.
+    len: u64,
     lines: u64,
 }
 
@@ -149,6 +151,7 @@ impl Journals {
             Open {
                 epoch,
                 file,
+                len: 0,
                 lines: 0,
             },
         );
@@ -178,10 +181,26 @@ impl Journals {
             text.push(b'\n');
         }
         let path = self.journal_path(bucket, j.epoch);
-        j.file
-            .write_all(&text)
-            .and_then(|()| if durable { j.file.sync_data() } else { Ok(()) })
-            .map_err(|e| io_error("append to", &path, e))?;
+        let written =
+            j.file
+                .write_all(&text)
+                .and_then(|()| if durable { j.file.sync_data() } else { Ok(()) });
+        if let Err(e) = written {
+            // The change is refused, so none of it may replay: a fragment left in the file
+            // would also glue itself to the next line, and replay stops at the first line
+            // that does not parse, dropping every change acknowledged after it. Cut the
+            // journal back; failing that, give it up: the next change writes a snapshot,
+            // whose new epoch leaves this journal stale.
+            let cut = j
+                .file
+                .set_len(j.len)
+                .and_then(|()| j.file.seek(SeekFrom::Start(j.len)));
+            if cut.is_err() {
+                open.remove(bucket);
+            }
+            return Err(io_error("append to", &path, e));
+        }
+        j.len += text.len() as u64;
         j.lines += n;
         Ok(j.lines > FOLD_AT_LEAST.max(objects as u64))
     }
@@ -293,6 +312,66 @@ mod tests {
         let loaded: BTreeMap<String, u32> =
             Journals::new(dir.path().into()).load("b").expect("load");
         assert_eq!(loaded, BTreeMap::from([("a".into(), 5)]));
+    }
+
+    /// A tmpfs of `kib` KiB mounted over a fresh directory, unmounted when dropped: a disk
+    /// that fills up, so that an append fails with part of its line written.
+    struct SmallDisk(tempfile::TempDir);
+
+    impl SmallDisk {
+        fn new(kib: u32) -> SmallDisk {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let mounted = std::process::Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &format!("size={kib}k"), "tmpfs"])
+                .arg(dir.path())
+                .status()
+                .expect("run mount");
+            assert!(mounted.success(), "mounting a tmpfs needs root");
+            SmallDisk(dir)
+        }
+    }
+
+    impl Drop for SmallDisk {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .arg(self.0.path())
+                .status();
+        }
+    }
+
+    #[test]
+    fn an_append_that_fills_the_disk_leaves_no_fragment_behind() {
+        let disk = SmallDisk::new(16);
+        let dir = disk.0.path();
+        let j = Journals::new(dir.to_path_buf());
+        j.snapshot("b", BTreeMap::<String, String>::new(), &dir.join("tmp"))
+            .expect("snapshot");
+        let big = "x".repeat(5000);
+        let mut acknowledged = BTreeMap::new();
+        let failed = (0..10).find(|i| {
+            let name = format!("o{i}");
+            let ok = j
+                .append("b", vec![(name.clone(), Some(big.clone()))], 1, true)
+                .is_ok();
+            if ok {
+                acknowledged.insert(name, big.clone());
+            }
+            !ok
+        });
+        assert!(failed.is_some(), "the disk filled up");
+        let journal = fs::read(j.journal_path("b", 1)).expect("journal");
+        assert_eq!(
+            journal.last(),
+            Some(&b'\n'),
+            "no fragment after the last line"
+        );
+        // What fits in the last page is acknowledged and must replay.
+        j.append("b", vec![("small".into(), Some("s".to_string()))], 1, true)
+            .expect("a small change fits");
+        acknowledged.insert("small".into(), "s".into());
+        let loaded: BTreeMap<String, String> =
+            Journals::new(dir.to_path_buf()).load("b").expect("load");
+        assert_eq!(loaded, acknowledged);
     }
 
     #[test]
