@@ -88,7 +88,9 @@ impl Service {
             }
             generation = pinned;
         }
-        let entry = self.store.get(&bucket, &spec.object, generation)?;
+        let (entry, reader) = self
+            .store
+            .open_for_read(&bucket, &spec.object, generation)?;
         Preconditions {
             if_generation_match: spec.if_generation_match,
             if_generation_not_match: spec.if_generation_not_match,
@@ -112,10 +114,6 @@ impl Service {
             ));
         }
 
-        let reader = entry
-            .content
-            .open_reader()
-            .map_err(|e| Status::internal(format!("cannot open {:?}: {e}", spec.object)))?;
         let faults = self.calls.faults.get();
         let (out, stream) = Outbox::new(self.calls.faults.latency());
         let first_response = BidiReadObjectResponse {

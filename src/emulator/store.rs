@@ -4,7 +4,7 @@
 //! Touches the backend it was given and nothing else.
 
 use super::bucket_names::check_bucket_name;
-use super::content::{Content, ContentWriter, Data, Segments, WriteState};
+use super::content::{Content, ContentReader, ContentWriter, Data, Segments, WriteState};
 use super::preconditions::Preconditions;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -292,14 +292,26 @@ impl Store {
     /// The live object (generation 0) or the given generation if it is the live one.
     pub fn get(&self, bucket: &str, name: &str, generation: i64) -> Result<Entry, Status> {
         self.with_bucket(bucket, Refresh::One(name), |b| {
-            let e = b.objects.get(name).ok_or_else(|| not_found(bucket, name))?;
-            if generation != 0 && e.content.generation != generation {
-                return Err(Status::not_found(format!(
-                    "object {name:?} in bucket {bucket:?} has no generation {generation} (live: {})",
-                    e.content.generation
-                )));
-            }
-            Ok(e.clone())
+            Ok(entry_of(b, bucket, name, generation)?.clone())
+        })
+    }
+
+    /// As `get`, with the entry's bytes opened for reading while no change can come
+    /// between: a new generation replaces its file under the same path, and one opened
+    /// after the lookup would serve the new generation's bytes as the old one's.
+    pub(crate) fn open_for_read(
+        &self,
+        bucket: &str,
+        name: &str,
+        generation: i64,
+    ) -> Result<(Entry, ContentReader), Status> {
+        self.with_bucket(bucket, Refresh::One(name), |b| {
+            let e = entry_of(b, bucket, name, generation)?;
+            let reader = e
+                .content
+                .open_reader()
+                .map_err(|err| Status::internal(format!("cannot open {name:?}: {err}")))?;
+            Ok((e.clone(), reader))
         })
     }
 
@@ -706,6 +718,23 @@ fn replace(b: &mut BucketState, name: &str, entry: Entry) {
 
 /// Takes `name` out of the index and returns it rebuilt over `data` (same generation and
 /// state), its old writer fenced.
+/// The live entry of `name`, or its `generation` when that is not 0 and still live.
+fn entry_of<'a>(
+    b: &'a BucketState,
+    bucket: &str,
+    name: &str,
+    generation: i64,
+) -> Result<&'a Entry, Status> {
+    let e = b.objects.get(name).ok_or_else(|| not_found(bucket, name))?;
+    if generation != 0 && e.content.generation != generation {
+        return Err(Status::not_found(format!(
+            "object {name:?} in bucket {bucket:?} has no generation {generation} (live: {})",
+            e.content.generation
+        )));
+    }
+    Ok(e)
+}
+
 fn relocate(b: &mut BucketState, name: &str, data: Data) -> Result<Entry, Status> {
     let old = b
         .objects
