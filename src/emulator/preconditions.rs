@@ -28,10 +28,12 @@ impl Preconditions {
                 )));
             }
         }
+        // The service documents this one as failing when there is no live object at all.
         if let Some(not) = self.if_generation_not_match {
-            if not == generation {
+            if live.is_none() || not == generation {
                 return Err(Status::failed_precondition(format!(
-                    "if_generation_not_match={not} failed: the live generation is {not}"
+                    "if_generation_not_match={not} failed: the live generation is {}",
+                    describe(live)
                 )));
             }
         }
@@ -59,4 +61,26 @@ impl Preconditions {
 
 fn describe(live: Option<(i64, i64)>) -> String {
     live.map_or("none (no live object)".to_string(), |l| l.0.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Preconditions;
+
+    #[test]
+    fn if_generation_not_match_needs_a_live_object() {
+        let not_5 = Preconditions {
+            if_generation_not_match: Some(5),
+            ..Preconditions::default()
+        };
+        assert!(not_5.check(Some((6, 1))).is_ok());
+        assert!(not_5.check(Some((5, 1))).is_err());
+        assert!(not_5.check(None).is_err(), "no live object fails it");
+        let not_0 = Preconditions {
+            if_generation_not_match: Some(0),
+            ..Preconditions::default()
+        };
+        assert!(not_0.check(Some((6, 1))).is_ok());
+        assert!(not_0.check(None).is_err());
+    }
 }
