@@ -455,7 +455,9 @@ async fn delete_and_move_follow_preconditions() {
         .unwrap()
         .into_inner();
     assert_eq!(o.name, "dir/y");
-    assert_eq!(o.generation, g);
+    // As the service documents: the moved object is created anew.
+    assert!(o.generation > g, "{} after {g}", o.generation);
+    assert_eq!(o.metageneration, 1);
     assert_eq!(read_all(&mut c, "b", "dir/y").await, b"hello");
     let e = c.move_object(routed("b", mv)).await.unwrap_err();
     assert_eq!(e.code(), Code::NotFound);
@@ -479,7 +481,7 @@ async fn delete_and_move_follow_preconditions() {
         DeleteObjectRequest {
             bucket: bpath("b"),
             object: "dir/y".into(),
-            if_generation_match: Some(g),
+            if_generation_match: Some(o.generation),
             ..Default::default()
         },
     ))

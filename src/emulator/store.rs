@@ -51,9 +51,9 @@ pub(crate) fn check_custom_metadata(metadata: &CustomMetadata) -> Result<(), Sta
 pub(crate) struct Entry {
     /// The live generation.
     pub content: Arc<Content>,
-    /// Bumped by metadata changes (a move).
+    /// Bumped by metadata changes (a folder rename).
     pub metageneration: i64,
-    /// The custom metadata its writer set; a move keeps it.
+    /// The custom metadata its writer set; a move or rename keeps it.
     pub metadata: CustomMetadata,
     /// When this generation was created.
     pub create_time: SystemTime,
@@ -486,7 +486,8 @@ impl Store {
         })
     }
 
-    /// Renames one object atomically; the destination keeps the generation and bytes.
+    /// Renames one object atomically: the destination is created anew (a new generation,
+    /// metageneration 1) with the source's bytes and metadata, as the service documents.
     pub fn move_object(
         &self,
         bucket: &str,
@@ -511,7 +512,7 @@ impl Store {
                     return Ok(e.clone());
                 }
                 let data = self.backend.rename(bucket, from, to, &e.content.data)?;
-                let entry = relocate(b, from, data)?;
+                let entry = relocate(b, from, data, Some(self.next_generation()))?;
                 replace(b, to, entry.clone());
                 add_parent_folders(b, to);
                 Ok(entry)
@@ -628,7 +629,7 @@ impl Store {
                     .get(&name)
                     .map(|e| self.backend.data_for(bucket, &new_name, &e.content.data));
                 if let Some(data) = data {
-                    let entry = relocate(b, &name, data)?;
+                    let entry = relocate(b, &name, data, None)?;
                     b.objects.insert(new_name, entry);
                 }
             }
@@ -716,8 +717,6 @@ fn replace(b: &mut BucketState, name: &str, entry: Entry) {
     }
 }
 
-/// Takes `name` out of the index and returns it rebuilt over `data` (same generation and
-/// state), its old writer fenced.
 /// The live entry of `name`, or its `generation` when that is not 0 and still live.
 fn entry_of<'a>(
     b: &'a BucketState,
@@ -735,23 +734,44 @@ fn entry_of<'a>(
     Ok(e)
 }
 
-fn relocate(b: &mut BucketState, name: &str, data: Data) -> Result<Entry, Status> {
+/// Takes `name` out of the index and returns it rebuilt over `data`, its old writer fenced.
+/// A folder rename keeps the generation and bumps the metageneration (`renewed` None); a
+/// moved object is created anew, as the service documents for MoveObject: generation
+/// `renewed`, metageneration 1, fresh create and update times, the same bytes and metadata.
+fn relocate(
+    b: &mut BucketState,
+    name: &str,
+    data: Data,
+    renewed: Option<i64>,
+) -> Result<Entry, Status> {
     let old = b
         .objects
         .remove(name)
         .ok_or_else(|| Status::not_found(format!("object {name:?} vanished")))?;
     let mut st = old.content.state();
-    let state = WriteState {
+    let mut state = WriteState {
         token: 0,
         ..st.clone()
     };
     st.gone = true;
     drop(st);
+    let (generation, metageneration, create_time) = match renewed {
+        Some(generation) => {
+            let now = SystemTime::now();
+            state.update_time = now;
+            (generation, 1, now)
+        }
+        None => (
+            old.content.generation,
+            old.metageneration + 1,
+            old.create_time,
+        ),
+    };
     Ok(Entry {
-        content: Content::new(old.content.generation, data, state),
-        metageneration: old.metageneration + 1,
+        content: Content::new(generation, data, state),
+        metageneration,
         metadata: old.metadata,
-        create_time: old.create_time,
+        create_time,
         stamp: old.stamp,
     })
 }

@@ -278,7 +278,11 @@ impl Fs {
         i.writes
             .moving(src.ino, || async {
                 let from = src.key();
-                let known = src.meta().0.map(|m| m.generation);
+                let known = src.meta().0.map(|m| gcs::MoveSource {
+                    generation: m.generation,
+                    size: m.size,
+                    crc32c: None,
+                });
                 let dst_pre = noreplace.then_some(0);
                 let moved = match i
                     .client

@@ -885,7 +885,7 @@ impl Writes {
             });
         }
         self.client
-            .move_object(&self.bucket, &tmp, key, Some(uploaded.generation), Some(0))
+            .move_object(&self.bucket, &tmp, key, Some((&uploaded).into()), Some(0))
             .await
             .map_err(|e| {
                 tracing::error!(path = key, saved_as = tmp, error = %e, "the new version could not be moved into place; it is kept under the temporary name");

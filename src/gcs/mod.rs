@@ -24,7 +24,7 @@ mod writer;
 
 pub use meta::{ListPage, ListRequest, ObjectMeta, Symlink};
 pub use reader::{BidiReader, PendingRead};
-pub use unary::{BucketInfo, StorageLayout};
+pub use unary::{BucketInfo, MoveSource, StorageLayout};
 pub use writer::AppendWriter;
 
 use crate::config::GcsConfig;

@@ -24,6 +24,39 @@ pub struct BucketInfo {
     pub hierarchical_namespace: bool,
 }
 
+/// The version of a move's source the caller knows: its generation guards the move, and its
+/// size and CRC32C (where known) recognise the moved object, which the service creates with
+/// a new generation, should a retry find the source already gone.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MoveSource {
+    /// The source's generation (the move's `if_source_generation_match`).
+    pub generation: i64,
+    /// The source's size in bytes.
+    pub size: u64,
+    /// The source's CRC32C, when known.
+    pub crc32c: Option<u32>,
+}
+
+impl MoveSource {
+    /// Whether `moved`, found at the destination, can be what this source became: a move
+    /// keeps the bytes and creates the object anew (metageneration 1).
+    fn became(&self, moved: &ObjectMeta) -> bool {
+        moved.metageneration == 1
+            && moved.size == self.size
+            && self.crc32c.is_none_or(|c| moved.crc32c == Some(c))
+    }
+}
+
+impl From<&ObjectMeta> for MoveSource {
+    fn from(m: &ObjectMeta) -> Self {
+        MoveSource {
+            generation: m.generation,
+            size: m.size,
+            crc32c: m.crc32c,
+        }
+    }
+}
+
 /// Where a bucket's data lives (StorageControl.GetStorageLayout).
 #[derive(Debug, Clone, PartialEq)]
 pub struct StorageLayout {
@@ -125,15 +158,15 @@ impl Client {
     }
 
     /// Atomically renames `source` to `destination` (MoveObject); the preconditions guard
-    /// against renaming a changed source or replacing an existing destination (`Some(0)`).
-    /// Give the source's generation where it is known: only then can a retry whose first
-    /// attempt moved the object, and lost the answer, be told from a failure.
+    /// against renaming a changed source (`known`) or replacing an existing destination
+    /// (`Some(0)`). Give the source's version where it is known: only then can a retry whose
+    /// first attempt moved the object, and lost the answer, be told from a failure.
     pub async fn move_object(
         &self,
         bucket: &str,
         source: &str,
         destination: &str,
-        if_source_generation_match: Option<i64>,
+        known: Option<MoveSource>,
         if_generation_match: Option<i64>,
     ) -> Result<ObjectMeta> {
         let what = format!("move {} to {destination}", object_url(bucket, source));
@@ -141,7 +174,7 @@ impl Client {
             bucket: bucket_path(bucket),
             source_object: source.to_string(),
             destination_object: destination.to_string(),
-            if_source_generation_match,
+            if_source_generation_match: known.map(|k| k.generation),
             if_generation_match,
             ..Default::default()
         };
@@ -153,17 +186,17 @@ impl Client {
             async move { stub.move_object(req.map_err(to_status)?).await }
         })
         .await;
-        match (moved, if_source_generation_match) {
+        match (moved, known) {
             (Ok(o), _) => Ok(ObjectMeta::from(o.get_ref())),
             // A retry that finds the source gone may follow an attempt that moved it and
-            // lost only its answer: the destination then holds the source's generation,
-            // which no other object has. Without a known source generation there is no
-            // telling, and the error stands.
+            // lost only its answer. The moved object has a new generation, so it is known by
+            // its bytes: a destination created anew with the source's size and checksum is
+            // the state the move would have left. Without a known source the error stands.
             (Err(e @ (Error::NotFound(_) | Error::PreconditionFailed(_))), Some(source))
                 if retried =>
             {
                 match self.get_object(bucket, destination).await {
-                    Ok(m) if m.generation == source => Ok(m),
+                    Ok(m) if source.became(&m) => Ok(m),
                     _ => Err(e),
                 }
             }
