@@ -9,6 +9,7 @@ use client_common::*;
 use futures::StreamExt;
 use rapidfs::emulator::Faults;
 use rapidfs::gcs::{Client, Error};
+use std::time::Duration;
 
 async fn read_all(c: &Client, name: &str) -> Vec<u8> {
     let r = c.open_reader(BUCKET, name, None).await.unwrap();
@@ -221,6 +222,35 @@ async fn a_move_or_delete_whose_answer_was_lost_is_reported_done() {
     ));
     assert_eq!(c.get_object(BUCKET, "b2").await.unwrap().size, 100);
     assert_eq!(emu.stats().faults_injected, 3);
+}
+
+/// A retried move that finds its source gone is not taken for done because the destination
+/// holds the same bytes: an object that was there before the move was sent is not what the
+/// source became.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_whose_source_vanished_is_not_mistaken_for_done() {
+    let emu = emulator(Faults::default()).await;
+    let c = client(&emu).await;
+    let a = c
+        .put_object(BUCKET, "a", data(100, 1), Default::default(), None)
+        .await
+        .unwrap();
+    c.put_object(BUCKET, "b", data(100, 1), Default::default(), None)
+        .await
+        .unwrap();
+    c.delete_object(BUCKET, "a", None).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Every second call fails: the move's first attempt does, so its retry finds no source.
+    emu.set_faults(Faults {
+        unavailable_every: Some(2),
+        ..Faults::default()
+    });
+    c.get_object(BUCKET, "b").await.unwrap();
+    let moved = c
+        .move_object(BUCKET, "a", "b", Some((&a).into()), None)
+        .await;
+    assert!(matches!(moved, Err(Error::NotFound(_))), "{moved:?}");
+    assert!(emu.stats().faults_injected >= 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -744,7 +744,7 @@ fn a_file_replaced_by_a_rename_while_open_goes_on_writing() {
 }
 
 /// A rename of a file being rewritten moves the object as it was: the rewrite replaces it at
-/// the close, never half-edited (the rename uploaded the staged copy as it stood).
+/// the close, never half-edited (a rename once uploaded the staged copy as it stood).
 #[test]
 fn a_rename_moves_a_file_being_rewritten_as_it_was() {
     let env = FsEnv::new("b", |_| {});

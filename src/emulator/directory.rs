@@ -127,6 +127,16 @@ fn adopt_tail(path: &Path, from: u64, crc: Option<u32>, len: u64) -> io::Result<
 }
 
 impl DirectoryBackend {
+    /// Writes every record of `bucket` as a new snapshot, which starts a new journal.
+    fn snapshot(&self, bucket: &str, state: &BucketState) -> Result<(), Status> {
+        let records = state
+            .objects
+            .iter()
+            .map(|(name, e)| (name.clone(), record_of(e)))
+            .collect();
+        self.journals.snapshot(bucket, records, &self.temp_path())
+    }
+
     /// A backend over `root` (which must exist).
     pub fn new(root: PathBuf) -> anyhow::Result<DirectoryBackend> {
         let meta = root.join(META_DIR);
@@ -547,19 +557,19 @@ impl Backend for DirectoryBackend {
                 .iter()
                 .map(|n| (n.to_string(), state.objects.get(*n).map(record_of)))
                 .collect();
-            if !self
+            match self
                 .journals
-                .append(bucket, changes, state.objects.len(), durable)?
+                .append(bucket, changes, state.objects.len(), durable)
             {
-                return Ok(());
+                Ok(false) => return Ok(()),
+                Ok(true) => {}
+                // The change is made in memory and the journal given up: a snapshot of memory
+                // now makes it durable, so it can still be acknowledged, and keeps a restart
+                // from finding the moved or written file without its record.
+                Err(e) => return self.snapshot(bucket, state).map_err(|_| e),
             }
         }
-        let records = state
-            .objects
-            .iter()
-            .map(|(name, e)| (name.clone(), record_of(e)))
-            .collect();
-        self.journals.snapshot(bucket, records, &self.temp_path())
+        self.snapshot(bucket, state)
     }
 
     fn stamp(&self, data: &Data) -> Option<Stamp> {

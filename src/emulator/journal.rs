@@ -131,9 +131,17 @@ impl Journals {
             f.write_all(&bytes)?;
             f.sync_all()
         };
-        write().map_err(|e| io_error("write", tmp, e))?;
+        // A snapshot that fails leaves no temporary file behind: on a full disk, each
+        // later change tries again, and its leftovers would hold the space that frees.
+        write().map_err(|e| {
+            let _ = fs::remove_file(tmp);
+            io_error("write", tmp, e)
+        })?;
         let dest = self.snapshot_path(bucket);
-        fs::rename(tmp, &dest).map_err(|e| io_error("rename into", &dest, e))?;
+        fs::rename(tmp, &dest).map_err(|e| {
+            let _ = fs::remove_file(tmp);
+            io_error("rename into", &dest, e)
+        })?;
         let journal = self.journal_path(bucket, epoch);
         let file = OpenOptions::new()
             .create(true)
@@ -185,8 +193,8 @@ impl Journals {
             // The change is already made in memory and is refused to the caller: it may have
             // taken effect, as after a lost answer. The journal is given up, never appended
             // to again, so a fragment at its end stays a torn last line that replay drops;
-            // the next change writes a snapshot of memory, whose new epoch leaves this
-            // journal stale. Appending on would have glued the next line to the fragment
+            // a snapshot of memory (the caller's next) holds the change, and its new epoch
+            // leaves this journal stale. Appending on would have glued the next line to the fragment
             // (replay stops at the first line that does not parse), or, after a failed
             // fdatasync, built on bytes the kernel may have dropped.
             let path = self.journal_path(bucket, j.epoch);
@@ -356,8 +364,14 @@ mod tests {
         // the fragment or the refused change: it asks for a snapshot instead.
         let fold = j
             .append("b", vec![("small".into(), Some("s".to_string()))], 1, true)
-            .expect("no journal to append to");
+            .expect("a change without a journal asks for a snapshot");
         assert!(fold, "the next change writes a snapshot");
+        let mut everything = acknowledged.clone();
+        everything.insert("small".into(), "s".into());
+        let tmp = dir.join("tmp");
+        j.snapshot("b", everything, &tmp)
+            .expect_err("no room for a snapshot");
+        assert!(!tmp.exists(), "the failed snapshot's file is removed");
         let loaded: BTreeMap<String, String> =
             Journals::new(dir.to_path_buf()).load("b").expect("load");
         assert_eq!(

@@ -759,6 +759,9 @@ fn relocate(
         Some(generation) => {
             let now = SystemTime::now();
             state.update_time = now;
+            if state.finalized.is_some() {
+                state.finalized = Some(now);
+            }
             (generation, 1, now)
         }
         None => (

@@ -7,7 +7,7 @@ use super::{bucket_path, object_url, retry, routing, Client, Error, Result};
 use crate::proto::control as pb_control;
 use crate::proto::storage as pb;
 use futures::Stream;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 /// What a bucket looks like to rapidfs (from GetBucket).
 #[derive(Debug, Clone, PartialEq)]
@@ -37,13 +37,23 @@ pub struct MoveSource {
     pub crc32c: Option<u32>,
 }
 
+/// How far the service's clock may run behind ours when a moved object's creation time is
+/// compared with the time its move was sent. Small on purpose: too small only turns a move
+/// whose answer was lost into the error the retry saw, as before the check existed.
+const CLOCK_SKEW_ALLOWANCE: Duration = Duration::from_millis(200);
+
 impl MoveSource {
-    /// Whether `moved`, found at the destination, can be what this source became: a move
-    /// keeps the bytes and creates the object anew (metageneration 1).
-    fn became(&self, moved: &ObjectMeta) -> bool {
+    /// Whether `moved`, found at the destination, can be what this source became by a move
+    /// sent at `sent`: a move keeps the bytes and creates the object anew (metageneration 1,
+    /// created after the move was sent). An object already there, even with the same bytes,
+    /// was created before. An unfinalized source may have grown since its size was learned.
+    fn became(&self, moved: &ObjectMeta, sent: SystemTime) -> bool {
+        let size_fits = moved.size == self.size
+            || (!moved.finalized && self.crc32c.is_none() && moved.size > self.size);
         moved.metageneration == 1
-            && moved.size == self.size
+            && size_fits
             && self.crc32c.is_none_or(|c| moved.crc32c == Some(c))
+            && moved.create_time + CLOCK_SKEW_ALLOWANCE >= sent
     }
 }
 
@@ -178,6 +188,7 @@ impl Client {
             if_generation_match,
             ..Default::default()
         };
+        let sent = SystemTime::now();
         let mut retried = false;
         let moved = retry::unary(self.config(), &what, |attempt| {
             retried |= attempt > 0;
@@ -190,13 +201,14 @@ impl Client {
             (Ok(o), _) => Ok(ObjectMeta::from(o.get_ref())),
             // A retry that finds the source gone may follow an attempt that moved it and
             // lost only its answer. The moved object has a new generation, so it is known by
-            // its bytes: a destination created anew with the source's size and checksum is
-            // the state the move would have left. Without a known source the error stands.
+            // its bytes and its birth: a destination created since the move was sent, with
+            // the source's size and checksum, is the state the move would have left. Without
+            // a known source the error stands.
             (Err(e @ (Error::NotFound(_) | Error::PreconditionFailed(_))), Some(source))
                 if retried =>
             {
                 match self.get_object(bucket, destination).await {
-                    Ok(m) if source.became(&m) => Ok(m),
+                    Ok(m) if source.became(&m, sent) => Ok(m),
                     _ => Err(e),
                 }
             }
