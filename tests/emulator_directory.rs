@@ -262,6 +262,48 @@ async fn restart_keeps_objects_generations_and_unfinalized_state() {
     assert_eq!(std::fs::read(dir.path().join("b/log")).unwrap(), data[..]);
 }
 
+/// A put over an unfinalized object installs its new file before it journals the new
+/// generation. After a crash between the two, the old record meets the new file: its bytes
+/// are a new object, not the old object's tail under a checksum that no longer fits.
+#[tokio::test]
+async fn a_file_installed_over_an_unfinalized_object_is_not_taken_for_its_tail() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("b")).unwrap();
+    let g_app;
+    {
+        let emu = directory(dir.path()).await;
+        let mut c = client(&emu).await;
+        let mut w = open_write(&mut c, "b", create_msg("b", "log", Some(0)), true)
+            .await
+            .unwrap();
+        g_app = resource_of(w.first.as_ref().unwrap()).0.generation;
+        w.tx.send(data_msg(0, Bytes::from_static(b"old bytes")))
+            .await
+            .unwrap();
+        w.tx.send(lookup_msg(9)).await.unwrap();
+        assert_eq!(persisted_of(&w.rx.message().await.unwrap().unwrap()), 9);
+        w.half_close();
+        w.rx.message().await.unwrap().unwrap();
+        emu.shutdown().await;
+    }
+    // What the put left when the crash came: its file in place, its record never written.
+    let new = b"the bytes of a new object, longer than the old";
+    let staged = dir.path().join("staged");
+    std::fs::write(&staged, new).unwrap();
+    std::fs::rename(&staged, dir.path().join("b/log")).unwrap();
+    let emu = directory(dir.path()).await;
+    let mut c = client(&emu).await;
+    let o = get(&mut c, "b", "log").await.unwrap();
+    assert_ne!(o.generation, g_app, "the new bytes are a new generation");
+    assert_eq!(o.size, new.len() as i64);
+    let crc = o.checksums.and_then(|c| c.crc32c);
+    assert!(
+        crc.is_none_or(|c| c == crc32c::crc32c(new)),
+        "a checksum, where given, is that of the bytes served"
+    );
+    assert_eq!(read_all(&mut c, "b", "log").await, new[..]);
+}
+
 #[tokio::test]
 async fn names_escaping_the_root_are_refused() {
     let dir = tempfile::tempdir().unwrap();

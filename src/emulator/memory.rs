@@ -60,6 +60,7 @@ impl Backend for MemoryBackend {
                         metadata: Default::default(),
                         create_time: now,
                         stamp: None,
+                        file: None,
                     },
                 );
             }
@@ -133,6 +134,10 @@ impl Backend for MemoryBackend {
     }
 
     fn stamp(&self, _data: &Data) -> Option<Stamp> {
+        None
+    }
+
+    fn file_id(&self, _data: &Data) -> Option<u64> {
         None
     }
 }

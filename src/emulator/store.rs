@@ -59,6 +59,10 @@ pub(crate) struct Entry {
     pub create_time: SystemTime,
     /// How the file looked when last seen (directory backend only).
     pub stamp: Option<Stamp>,
+    /// The `Backend::file_id` of an unfinalized object's bytes: a put over the object
+    /// installs new bytes before it records them, and after a crash between the two, a
+    /// restart must not take the new bytes for the old object's tail.
+    pub file: Option<u64>,
 }
 
 /// One bucket: objects by name and folders ("a/b/") by name.
@@ -133,6 +137,9 @@ pub(crate) trait Backend: Send + Sync {
     fn save(&self, bucket: &str, state: &BucketState, touched: Touched<'_>) -> Result<(), Status>;
     /// How the stored bytes look now (size, mtime), if the backend can tell.
     fn stamp(&self, data: &Data) -> Option<Stamp>;
+    /// What tells the stored bytes apart from bytes stored anew under the same name (a
+    /// file's inode number), if the backend can tell.
+    fn file_id(&self, data: &Data) -> Option<u64>;
 }
 
 /// Microseconds since the epoch.
@@ -339,6 +346,7 @@ impl Store {
             pre.check(live(b, name))?;
             check_not_folder(b, name)?;
             let data = self.backend.new_appendable(bucket, name)?;
+            let file = self.backend.file_id(&data);
             let now = SystemTime::now();
             let token = self.next_token();
             let content = Content::new(
@@ -352,6 +360,7 @@ impl Store {
                 metadata,
                 create_time: now,
                 stamp: None,
+                file,
             };
             replace(b, name, entry.clone());
             add_parent_folders(b, name);
@@ -390,6 +399,7 @@ impl Store {
                 metadata,
                 create_time: now,
                 stamp,
+                file: None,
             };
             replace(b, name, entry.clone());
             add_parent_folders(b, name);
@@ -776,5 +786,6 @@ fn relocate(
         metadata: old.metadata,
         create_time,
         stamp: old.stamp,
+        file: old.file,
     })
 }
