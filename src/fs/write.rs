@@ -287,10 +287,9 @@ impl Writes {
     }
 
     /// The object of `ino`'s writer was deleted or replaced (unlink, or a rename onto it,
-    /// while open): its staged copy, if it
-    /// has one, holds the file from now on and is never uploaded, so writes, reads and the
-    /// close of the open handles go on as POSIX has them. A writer that could not stage
-    /// keeps failing (EIO), as it would have.
+    /// while open): its staged copy, if it has one, holds the file from now on and is never
+    /// uploaded, so writes, reads and the close of the open handles go on as POSIX has them.
+    /// A writer that could not stage keeps failing (EIO), as it would have.
     pub async fn unlinked(&self, ino: u64) {
         let Some(fw) = self.writer_of(ino) else {
             return;
