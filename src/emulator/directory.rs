@@ -59,10 +59,10 @@ struct Record {
     /// Custom metadata; absent when empty, as in files written before it was kept.
     #[serde(default, skip_serializing_if = "CustomMetadata::is_empty")]
     metadata: CustomMetadata,
-    /// The inode number of an unfinalized object's file (`Entry::file`); absent for a
+    /// The inode number of an unfinalized object's file (`Entry::file_id`); absent for a
     /// finalized one, and in files written before it was kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    file: Option<u64>,
+    file_id: Option<u64>,
 }
 
 fn io_status(what: &str, path: &Path, e: io::Error) -> Status {
@@ -96,7 +96,7 @@ fn record_of(e: &Entry) -> Record {
         update_us: micros(st.update_time),
         stamp: e.stamp,
         metadata: e.metadata.clone(),
-        file: st.finalized.is_none().then_some(e.file).flatten(),
+        file_id: st.finalized.is_none().then_some(e.file_id).flatten(),
     }
 }
 
@@ -234,7 +234,7 @@ impl DirectoryBackend {
             metadata: CustomMetadata::new(),
             create_time: mtime,
             stamp: Some(stamp_of(meta)),
-            file: None,
+            file_id: None,
         }
     }
 
@@ -331,7 +331,7 @@ impl Backend for DirectoryBackend {
                 let same = rec.stamp == Some(stamp_of(&meta));
                 // A file other than the unfinalized object's own was installed under its
                 // name by a put whose record a crash lost: its bytes are not this object's.
-                let replaced = rec.file.is_some_and(|f| f != meta.ino());
+                let replaced = rec.file_id.is_some_and(|f| f != meta.ino());
                 if !unfinalized && !same || unfinalized && (replaced || meta.len() < rec.size) {
                     let e = self.found_entry(store, path, &meta);
                     state.objects.insert(name, e);
@@ -359,7 +359,7 @@ impl Backend for DirectoryBackend {
                         metadata: rec.metadata.clone(),
                         create_time: from_us(rec.create_us),
                         stamp: rec.stamp,
-                        file: unfinalized.then_some(meta.ino()),
+                        file_id: unfinalized.then_some(meta.ino()),
                     },
                 );
             }

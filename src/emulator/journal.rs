@@ -194,9 +194,9 @@ impl Journals {
             // taken effect, as after a lost answer. The journal is given up, never appended
             // to again, so a fragment at its end stays a torn last line that replay drops;
             // a snapshot of memory (the caller's next) holds the change, and its new epoch
-            // leaves this journal stale. Appending on would have glued the next line to the fragment
-            // (replay stops at the first line that does not parse), or, after a failed
-            // fdatasync, built on bytes the kernel may have dropped.
+            // leaves this journal stale. Appending on would have glued the next line to the
+            // fragment (replay stops at the first line that does not parse), or, after a
+            // failed fdatasync, built on bytes the kernel may have dropped.
             let path = self.journal_path(bucket, j.epoch);
             open.remove(bucket);
             return Err(io_error("append to", &path, e));

@@ -60,7 +60,7 @@ impl Backend for MemoryBackend {
                         metadata: Default::default(),
                         create_time: now,
                         stamp: None,
-                        file: None,
+                        file_id: None,
                     },
                 );
             }

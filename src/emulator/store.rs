@@ -62,7 +62,7 @@ pub(crate) struct Entry {
     /// The `Backend::file_id` of an unfinalized object's bytes: a put over the object
     /// installs new bytes before it records them, and after a crash between the two, a
     /// restart must not take the new bytes for the old object's tail.
-    pub file: Option<u64>,
+    pub file_id: Option<u64>,
 }
 
 /// One bucket: objects by name and folders ("a/b/") by name.
@@ -346,7 +346,7 @@ impl Store {
             pre.check(live(b, name))?;
             check_not_folder(b, name)?;
             let data = self.backend.new_appendable(bucket, name)?;
-            let file = self.backend.file_id(&data);
+            let file_id = self.backend.file_id(&data);
             let now = SystemTime::now();
             let token = self.next_token();
             let content = Content::new(
@@ -360,7 +360,7 @@ impl Store {
                 metadata,
                 create_time: now,
                 stamp: None,
-                file,
+                file_id,
             };
             replace(b, name, entry.clone());
             add_parent_folders(b, name);
@@ -399,7 +399,7 @@ impl Store {
                 metadata,
                 create_time: now,
                 stamp,
-                file: None,
+                file_id: None,
             };
             replace(b, name, entry.clone());
             add_parent_folders(b, name);
@@ -786,6 +786,6 @@ fn relocate(
         metadata: old.metadata,
         create_time,
         stamp: old.stamp,
-        file: old.file,
+        file_id: old.file_id,
     })
 }
