@@ -304,6 +304,46 @@ async fn a_file_installed_over_an_unfinalized_object_is_not_taken_for_its_tail()
     assert_eq!(read_all(&mut c, "b", "log").await, new[..]);
 }
 
+/// A root copied or restored elsewhere gives every file a new inode number: an unfinalized
+/// object whose file still begins with its bytes stays the same object.
+#[tokio::test]
+async fn a_copied_unfinalized_object_stays_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("b")).unwrap();
+    let g_app;
+    {
+        let emu = directory(dir.path()).await;
+        let mut c = client(&emu).await;
+        let mut w = open_write(&mut c, "b", create_msg("b", "log", Some(0)), true)
+            .await
+            .unwrap();
+        g_app = resource_of(w.first.as_ref().unwrap()).0.generation;
+        w.tx.send(data_msg(0, Bytes::from_static(b"old bytes")))
+            .await
+            .unwrap();
+        w.tx.send(lookup_msg(9)).await.unwrap();
+        assert_eq!(persisted_of(&w.rx.message().await.unwrap().unwrap()), 9);
+        w.half_close();
+        w.rx.message().await.unwrap().unwrap();
+        emu.shutdown().await;
+    }
+    // A copy of the file, with a tail written but never synced before the emulator stopped.
+    let copied = b"old bytes and a tail";
+    let staged = dir.path().join("staged");
+    std::fs::write(&staged, copied).unwrap();
+    std::fs::rename(&staged, dir.path().join("b/log")).unwrap();
+    let emu = directory(dir.path()).await;
+    let mut c = client(&emu).await;
+    let o = get(&mut c, "b", "log").await.unwrap();
+    assert_eq!(o.generation, g_app, "the same object");
+    assert!(o.finalize_time.is_none(), "still unfinalized");
+    assert_eq!(o.size, copied.len() as i64);
+    assert_eq!(
+        o.checksums.and_then(|c| c.crc32c),
+        Some(crc32c::crc32c(copied))
+    );
+}
+
 #[tokio::test]
 async fn names_escaping_the_root_are_refused() {
     let dir = tempfile::tempdir().unwrap();

@@ -111,24 +111,36 @@ fn fsync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
-/// Makes the first `len` bytes of the file at `path` durable and returns their CRC32C,
-/// computed on from `crc`, that of its first `from` bytes (unknown stays unknown).
-fn adopt_tail(path: &Path, from: u64, crc: Option<u32>, len: u64) -> io::Result<Option<u32>> {
+/// The CRC32C of bytes `from..to` of `file`, computed on from `crc`, that of its first `from`.
+fn crc_on(file: &File, from: u64, to: u64, mut crc: u32) -> io::Result<u32> {
     use std::os::unix::fs::FileExt;
-    let file = File::open(path)?;
-    file.sync_data()?;
-    let Some(mut crc) = crc else {
-        return Ok(None);
-    };
-    let mut buf = vec![0u8; (len - from).min(1 << 20) as usize];
+    let mut buf = vec![0u8; to.saturating_sub(from).min(1 << 20) as usize];
     let mut at = from;
-    while at < len {
-        let want = (len - at).min(buf.len() as u64) as usize;
+    while at < to {
+        let want = (to - at).min(buf.len() as u64) as usize;
         file.read_exact_at(&mut buf[..want], at)?;
         crc = crate::gcs::crc32c_concat(crc, at, crate::gcs::crc32c(&buf[..want]), want);
         at += want as u64;
     }
-    Ok(Some(crc))
+    Ok(crc)
+}
+
+/// Makes the first `len` bytes of the file at `path` durable and returns their CRC32C,
+/// computed on from `crc`, that of its first `from` bytes (unknown stays unknown).
+fn adopt_tail(path: &Path, from: u64, crc: Option<u32>, len: u64) -> io::Result<Option<u32>> {
+    let file = File::open(path)?;
+    file.sync_data()?;
+    crc.map(|crc| crc_on(&file, from, len, crc)).transpose()
+}
+
+/// Whether the file at `path` begins with the `len` bytes whose CRC32C is `crc`: a file
+/// with another inode number that still holds them is the same object in a copied or
+/// restored root, not a new file installed over it.
+fn begins_with(path: &Path, len: u64, crc: Option<u32>) -> bool {
+    let Some(crc) = crc else {
+        return false;
+    };
+    File::open(path).and_then(|f| crc_on(&f, 0, len, 0)).ok() == Some(crc)
 }
 
 impl DirectoryBackend {
@@ -331,7 +343,15 @@ impl Backend for DirectoryBackend {
                 let same = rec.stamp == Some(stamp_of(&meta));
                 // A file other than the unfinalized object's own was installed under its
                 // name by a put whose record a crash lost: its bytes are not this object's.
-                let replaced = rec.file_id.is_some_and(|f| f != meta.ino());
+                // A root copied or restored elsewhere gives every file a new inode number,
+                // so a file that still begins with the object's bytes is kept.
+                let replaced = unfinalized
+                    && rec.file_id.is_some_and(|f| f != meta.ino())
+                    && meta.len() >= rec.size
+                    && !begins_with(&path, rec.size, rec.crc32c);
+                if replaced {
+                    tracing::warn!(path = %path.display(), "an unfinalized object's file was replaced by other bytes; they are served as a new object");
+                }
                 if !unfinalized && !same || unfinalized && (replaced || meta.len() < rec.size) {
                     let e = self.found_entry(store, path, &meta);
                     state.objects.insert(name, e);
