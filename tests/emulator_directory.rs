@@ -262,30 +262,34 @@ async fn restart_keeps_objects_generations_and_unfinalized_state() {
     assert_eq!(std::fs::read(dir.path().join("b/log")).unwrap(), data[..]);
 }
 
+/// Creates bucket "b" under `root` with an unfinalized object "log" holding the 9 bytes
+/// "old bytes", stops its emulator, and returns the object's generation.
+async fn unfinalized_log_then_stop(root: &std::path::Path) -> i64 {
+    std::fs::create_dir(root.join("b")).unwrap();
+    let emu = directory(root).await;
+    let mut c = client(&emu).await;
+    let mut w = open_write(&mut c, "b", create_msg("b", "log", Some(0)), true)
+        .await
+        .unwrap();
+    let generation = resource_of(w.first.as_ref().unwrap()).0.generation;
+    w.tx.send(data_msg(0, Bytes::from_static(b"old bytes")))
+        .await
+        .unwrap();
+    w.tx.send(lookup_msg(9)).await.unwrap();
+    assert_eq!(persisted_of(&w.rx.message().await.unwrap().unwrap()), 9);
+    w.half_close();
+    w.rx.message().await.unwrap().unwrap();
+    emu.shutdown().await;
+    generation
+}
+
 /// A put over an unfinalized object installs its new file before it journals the new
 /// generation. After a crash between the two, the old record meets the new file: its bytes
 /// are a new object, not the old object's tail under a checksum that no longer fits.
 #[tokio::test]
 async fn a_file_installed_over_an_unfinalized_object_is_not_taken_for_its_tail() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir(dir.path().join("b")).unwrap();
-    let g_app;
-    {
-        let emu = directory(dir.path()).await;
-        let mut c = client(&emu).await;
-        let mut w = open_write(&mut c, "b", create_msg("b", "log", Some(0)), true)
-            .await
-            .unwrap();
-        g_app = resource_of(w.first.as_ref().unwrap()).0.generation;
-        w.tx.send(data_msg(0, Bytes::from_static(b"old bytes")))
-            .await
-            .unwrap();
-        w.tx.send(lookup_msg(9)).await.unwrap();
-        assert_eq!(persisted_of(&w.rx.message().await.unwrap().unwrap()), 9);
-        w.half_close();
-        w.rx.message().await.unwrap().unwrap();
-        emu.shutdown().await;
-    }
+    let g_app = unfinalized_log_then_stop(dir.path()).await;
     // What the put left when the crash came: its file in place, its record never written.
     let new = b"the bytes of a new object, longer than the old";
     let staged = dir.path().join("staged");
@@ -309,24 +313,7 @@ async fn a_file_installed_over_an_unfinalized_object_is_not_taken_for_its_tail()
 #[tokio::test]
 async fn a_copied_unfinalized_object_stays_itself() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir(dir.path().join("b")).unwrap();
-    let g_app;
-    {
-        let emu = directory(dir.path()).await;
-        let mut c = client(&emu).await;
-        let mut w = open_write(&mut c, "b", create_msg("b", "log", Some(0)), true)
-            .await
-            .unwrap();
-        g_app = resource_of(w.first.as_ref().unwrap()).0.generation;
-        w.tx.send(data_msg(0, Bytes::from_static(b"old bytes")))
-            .await
-            .unwrap();
-        w.tx.send(lookup_msg(9)).await.unwrap();
-        assert_eq!(persisted_of(&w.rx.message().await.unwrap().unwrap()), 9);
-        w.half_close();
-        w.rx.message().await.unwrap().unwrap();
-        emu.shutdown().await;
-    }
+    let g_app = unfinalized_log_then_stop(dir.path()).await;
     // A copy of the file, with a tail written but never synced before the emulator stopped.
     let copied = b"old bytes and a tail";
     let staged = dir.path().join("staged");
