@@ -155,3 +155,32 @@ fn a_rename_or_unlink_whose_answer_was_lost_succeeds() {
     });
     assert!(env.emu().stats().faults_injected >= 2);
 }
+
+/// An empty directory that also has a marker object (`m/`, as other tools write one) goes
+/// at the first `rmdir`: the marker would keep the folder from being deleted.
+#[test]
+fn an_empty_directory_with_a_marker_object_is_removed_at_once() {
+    let env = FsEnv::new("b", |_| {});
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        env.client
+            .create_folder(&env.bucket, "m/", false)
+            .await
+            .expect("folder");
+        env.put("m/", b"");
+        assert_eq!(
+            fs.lookup(ROOT_INO, "m").await.expect("m").attr.kind,
+            Kind::Dir
+        );
+        fs.rmdir(ROOT_INO, "m").await.expect("rmdir");
+        assert_eq!(
+            fs.lookup(ROOT_INO, "m").await.map(|_| ()),
+            Err(Errno::ENOENT)
+        );
+        assert!(!env
+            .client
+            .folder_exists(&env.bucket, "m/")
+            .await
+            .expect("folder asked"));
+    });
+}

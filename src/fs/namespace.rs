@@ -151,8 +151,10 @@ impl Fs {
         if self.dir_has_entries(dkey).await? {
             return Err(Errno(libc::ENOTEMPTY));
         }
-        let folder = i.client.delete_folder(&i.bucket, dkey).await;
+        // The marker first: the service counts it as content of the folder, which it would
+        // then refuse to delete.
         let marker = i.client.delete_object(&i.bucket, dkey, None).await;
+        let folder = i.client.delete_folder(&i.bucket, dkey).await;
         match (folder, marker) {
             (Ok(()), _) | (Err(gcs::Error::NotFound(_)), Ok(())) => Ok(()),
             (Err(gcs::Error::PreconditionFailed(_)), _) => Err(Errno(libc::ENOTEMPTY)),
