@@ -44,6 +44,13 @@ pub struct Faults {
     /// A BidiWriteObject stream takes in payload no faster than this many KiB a second: a
     /// slow link. Each data message is read only once its bytes' time at this rate passed.
     pub write_kib_per_s: Option<u64>,
+    /// GetObject and ListObjects report an unfinalized object's size as 0, with no checksum:
+    /// the service's metadata of an appendable object can lag behind its appends, down to
+    /// 0 bytes. Read streams and write answers go on reporting the size they serve.
+    pub stale_unfinalized_size: bool,
+    /// ListObjects puts at most this many entries (objects and prefixes) on a page, fewer
+    /// than asked for, as the service may.
+    pub list_page_limit: Option<u32>,
 }
 
 /// The live fault settings plus the counters that pick the k-th call.

@@ -2,7 +2,8 @@
 //! folders as prefixes, lexicographic start/end, read masks, and pages with opaque tokens.
 //! Pure: reads the index it is given.
 
-use super::object_proto::{to_proto_masked, ObjectFields};
+use super::faults::Faults;
+use super::object_proto::{lag_behind_appends, to_proto_masked, ObjectFields};
 use super::store::{BucketState, Entry};
 use crate::proto::storage::{ListObjectsRequest, ListObjectsResponse};
 use std::collections::btree_map::Range;
@@ -102,21 +103,25 @@ impl<'a> Cursor<'a> {
     }
 }
 
-/// Lists `b` as the request asks. Walks the index once, re-seeking only to skip the rest of a
-/// group that became a prefix.
+/// Lists `b` as the request asks (and as `faults` distort it). Walks the index once,
+/// re-seeking only to skip the rest of a group that became a prefix.
 pub(crate) fn list(
     bucket: &str,
     b: &BucketState,
     req: &ListObjectsRequest,
+    faults: &Faults,
 ) -> Result<ListObjectsResponse, Status> {
     if req.page_size < 0 {
         return Err(Status::invalid_argument("page_size is negative"));
     }
-    let page_size = if req.page_size == 0 {
+    let asked = if req.page_size == 0 {
         DEFAULT_PAGE_SIZE
     } else {
         req.page_size as usize
     };
+    let page_size = faults
+        .list_page_limit
+        .map_or(asked, |limit| asked.min(limit.max(1) as usize));
     let prefix = req.prefix.as_str();
     let delimiter = req.delimiter.as_str();
     let fields = ObjectFields::from_mask(req.read_mask.as_ref());
@@ -162,7 +167,11 @@ pub(crate) fn list(
                 }
             }
             (None, Some(e)) => {
-                resp.objects.push(to_proto_masked(bucket, key, e, &fields));
+                let mut o = to_proto_masked(bucket, key, e, &fields);
+                if faults.stale_unfinalized_size {
+                    lag_behind_appends(&mut o, e);
+                }
+                resp.objects.push(o);
                 cursor.advance_past(key);
             }
         }

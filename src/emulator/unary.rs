@@ -4,7 +4,7 @@
 
 use super::bucket_names::{bucket_path, parse_bucket};
 use super::listing::list;
-use super::object_proto::{timestamp, to_proto};
+use super::object_proto::{lag_behind_appends, timestamp, to_proto};
 use super::preconditions::Preconditions;
 use super::stats::add;
 use super::Service;
@@ -90,7 +90,11 @@ impl Service {
             if_metageneration_not_match: r.if_metageneration_not_match,
         }
         .check(Some((e.content.generation, e.metageneration)))?;
-        Ok(Response::new(to_proto(&bucket, &r.object, &e)))
+        let mut o = to_proto(&bucket, &r.object, &e);
+        if self.calls.faults.get().stale_unfinalized_size {
+            lag_behind_appends(&mut o, &e);
+        }
+        Ok(Response::new(o))
     }
 
     /// ListObjects: see `listing`.
@@ -113,9 +117,10 @@ impl Service {
                 "match_glob is not supported by this emulator",
             ));
         }
+        let faults = self.calls.faults.get();
         let resp = self
             .store
-            .snapshot_for_list(&bucket, &r.prefix, |b| list(&bucket, b, &r))??;
+            .snapshot_for_list(&bucket, &r.prefix, |b| list(&bucket, b, &r, &faults))??;
         Ok(Response::new(resp))
     }
 
