@@ -851,3 +851,98 @@ fn a_truncate_before_a_create_is_answered_keeps_the_file_listed() {
         assert_eq!(in_bucket(&env, "f").await.len(), 10);
     });
 }
+
+/// An unfinalized object of 1,000 bytes of 7 written by another client, whose stat then
+/// lags behind its appends (it says 0 bytes, as the service's metadata can).
+async fn appended_elsewhere_with_a_lagging_stat(env: &FsEnv, name: &str) {
+    let mut other = env
+        .client
+        .create_appendable("b", name, None)
+        .await
+        .expect("create");
+    other.append(vec![7u8; 1000].into()).await.expect("append");
+    other.close().await.expect("closed unfinalized");
+    env.emu().set_faults(Faults {
+        stale_unfinalized_size: true,
+        ..Faults::default()
+    });
+}
+
+/// A rewrite of an unfinalized object whose stat lags behind its appends stages the whole
+/// object, as its read stream reports it: the lagging size would have cut it short.
+#[test]
+fn a_rewrite_keeps_the_bytes_a_lagging_stat_leaves_out() {
+    let env = FsEnv::new("b", |_| {});
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        appended_elsewhere_with_a_lagging_stat(&env, "f").await;
+        let ino = fs.lookup(ROOT_INO, "f").await.expect("f").attr.ino;
+        let h = fs.open_write(ino, false).await.expect("open");
+        fs.write(h.fh, 10, vec![2u8; 10].into())
+            .await
+            .expect("rewrite");
+        fs.flush(h.fh).await.expect("close uploads");
+        fs.release_write(h.fh).await;
+        env.emu().set_faults(Faults::default());
+        let mut want = vec![7u8; 1000];
+        want[10..20].copy_from_slice(&[2u8; 10]);
+        assert!(
+            in_bucket(&env, "f").await[..] == want[..],
+            "the rewrite lost what the stat left out"
+        );
+    });
+}
+
+/// A truncate of an unfinalized object to the size its lagging stat reports is carried
+/// out: the object is longer than that.
+#[test]
+fn a_truncate_to_a_lagging_stat_s_size_is_carried_out() {
+    let env = FsEnv::new("b", |_| {});
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        appended_elsewhere_with_a_lagging_stat(&env, "f").await;
+        let ino = fs.lookup(ROOT_INO, "f").await.expect("f").attr.ino;
+        let h = fs.open_write(ino, false).await.expect("open");
+        fs.setattr(
+            ino,
+            rapidfs::fs::SetAttr {
+                size: Some(0),
+                fh: Some(h.fh),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("truncate");
+        fs.flush(h.fh).await.expect("close uploads");
+        fs.release_write(h.fh).await;
+        env.emu().set_faults(Faults::default());
+        assert_eq!(in_bucket(&env, "f").await.len(), 0, "not truncated");
+    });
+}
+
+/// A file written here keeps its size when the service's stat of it lags behind (the
+/// stat TTL is 0, so every getattr asks), and a dup that writes on after a close is not
+/// taken for overtaken by another writer because of it.
+#[test]
+fn a_lagging_stat_neither_shrinks_a_file_written_here_nor_fences_its_writer() {
+    let env = FsEnv::new("b", |cfg| cfg.fs.stat_ttl_ms = 0);
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let (ino, fh) = closed_with_a_thousand_bytes(fs, "f").await;
+        env.emu().set_faults(Faults {
+            stale_unfinalized_size: true,
+            ..Faults::default()
+        });
+        assert_eq!(fs.getattr(ino).await.expect("getattr").size, 1000);
+        fs.write(fh, 1000, vec![3u8; 100].into())
+            .await
+            .expect("the dup writes on");
+        fs.flush(fh).await.expect("close");
+        fs.release_write(fh).await;
+        assert_eq!(fs.getattr(ino).await.expect("getattr").size, 1100);
+        env.emu().set_faults(Faults::default());
+        let mut want = vec![1u8; 1000];
+        want.extend_from_slice(&[3u8; 100]);
+        assert!(in_bucket(&env, "f").await[..] == want[..]);
+    });
+}

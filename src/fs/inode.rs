@@ -250,9 +250,12 @@ impl Inode {
         s.checked = ticks(Instant::now());
         match s.meta() {
             Some(old) if old.generation != meta.generation => old,
-            _ => {
-                s.meta = meta;
-                meta
+            old => {
+                // A generation only grows: a smaller size is a stat that lags behind the
+                // appends (the service's metadata of an unfinalized object can).
+                let size = old.map_or(meta.size, |old| old.size.max(meta.size));
+                s.meta = ObjMeta { size, ..meta };
+                s.meta
             }
         }
     }

@@ -212,19 +212,21 @@ impl StagedFile {
         }
     }
 
-    /// Fills the file with the first `len` bytes of generation `generation` of `key`,
-    /// streamed chunk by chunk; the generation must still exist (ESTALE otherwise).
+    /// Fills the file with generation `generation` of `key`, up to `upto` bytes (all of it
+    /// when `None`), streamed chunk by chunk; returns how many bytes it holds. The object's
+    /// size is the one its read stream reports: a stat of an unfinalized object can lag
+    /// behind its appends, its read stream serves them all. The generation must still exist
+    /// (ESTALE otherwise).
     pub async fn fill(
         &mut self,
         client: &Client,
         bucket: &str,
         key: &str,
         generation: i64,
-        len: u64,
-    ) -> FsResult<()> {
-        self.reserve(len, key)?;
-        if len == 0 {
-            return Ok(());
+        upto: Option<u64>,
+    ) -> FsResult<u64> {
+        if upto == Some(0) {
+            return Ok(0);
         }
         let reader = client
             .open_reader(bucket, key, Some(generation))
@@ -233,6 +235,9 @@ impl StagedFile {
                 crate::gcs::Error::NotFound(_) => Errno::ESTALE,
                 e => log_err("stage", key, &e),
             })?;
+        let size = reader.metadata().size;
+        let len = upto.map_or(size, |upto| upto.min(size));
+        self.reserve(len, key)?;
         let mut chunks = Box::pin(reader.read_stream(0, len));
         let mut offset = 0u64;
         while let Some(chunk) = chunks.next().await {
@@ -250,7 +255,7 @@ impl StagedFile {
             );
             return Err(Errno::ESTALE);
         }
-        Ok(())
+        Ok(len)
     }
 }
 

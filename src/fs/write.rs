@@ -105,9 +105,12 @@ pub struct Writes {
 /// writer's stream at size `ended` (it appended, or finalized the object: this writer never
 /// finalizes a stream its close ended): the stream would have been fenced, and so is the
 /// writer.
-fn not_taken_over(key: &str, ended: Option<u64>, meta: &ObjectMeta) -> FsResult<()> {
+/// Refuses a writer whose stream ended (its file's close) at size `ended` once the object,
+/// of `size` bytes now (what its read stream says: a stat can lag behind appends), was
+/// appended to or finalized since: another writer took it over meanwhile.
+fn not_taken_over(key: &str, ended: Option<u64>, finalized: bool, size: u64) -> FsResult<()> {
     match ended {
-        Some(size) if size != meta.size || meta.finalized => {
+        Some(end) if size != end || finalized => {
             tracing::warn!(path = key, "taken over by another writer since its close");
             Err(Errno::EIO)
         }
@@ -278,8 +281,7 @@ impl Writes {
         let next = match &*st {
             State::Open { .. } => self.stage_stream(&fw, &mut st, None).await,
             State::Idle { generation, .. } => {
-                let size = fw.size.load(Ordering::Acquire);
-                self.stage_object(&fw.inode.key(), *generation, size).await
+                self.stage_object(&fw.inode.key(), *generation, None).await
             }
             State::Staged(_) | State::Failed(_) | State::Done => return,
         };
@@ -467,12 +469,12 @@ impl Writes {
         let next = match &mut *st {
             State::Idle { generation, ended } => {
                 let meta = self.current(&key, *generation).await?;
-                not_taken_over(&key, *ended, &meta)?;
-                if meta.size == size {
+                let now = self.true_size(&key, &meta).await?;
+                not_taken_over(&key, *ended, meta.finalized, now)?;
+                if now == size {
                     return Ok(());
                 }
-                self.stage_object(&key, meta.generation, meta.size.min(size))
-                    .await
+                self.stage_object(&key, meta.generation, Some(size)).await
             }
             State::Open { w, .. } => {
                 if w.written() == size {
@@ -525,17 +527,35 @@ impl Writes {
         Ok(meta)
     }
 
-    /// A staged copy of the first `len` bytes of generation `generation` of `key`.
-    async fn stage_object(&self, key: &str, generation: i64, len: u64) -> State {
+    /// The size of `meta`'s object: its stat's when finalized; else the size its read
+    /// stream reports, since the stat of an unfinalized object can lag behind its appends.
+    async fn true_size(&self, key: &str, meta: &ObjectMeta) -> FsResult<u64> {
+        if meta.finalized {
+            return Ok(meta.size);
+        }
+        let reader = self
+            .client
+            .open_reader(&self.bucket, key, Some(meta.generation))
+            .await
+            .map_err(|e| match e {
+                crate::gcs::Error::NotFound(_) => Errno::ESTALE,
+                e => log_err("write", key, &e),
+            })?;
+        Ok(reader.metadata().size.max(meta.size))
+    }
+
+    /// A staged copy of generation `generation` of `key`, up to `upto` bytes (all of it when
+    /// `None`).
+    async fn stage_object(&self, key: &str, generation: i64, upto: Option<u64>) -> State {
         let mut file = match self.staging.create() {
             Ok(f) => f,
             Err(e) => return State::Failed(e),
         };
         match file
-            .fill(&self.client, &self.bucket, key, generation, len)
+            .fill(&self.client, &self.bucket, key, generation, upto)
             .await
         {
-            Ok(()) => State::Staged(Box::new(Staged {
+            Ok(_) => State::Staged(Box::new(Staged {
                 file,
                 base: generation,
                 dirty: false,
@@ -564,7 +584,7 @@ impl Writes {
         };
         tracing::debug!(path = %key, size, "streaming write turns staged");
         fw.exact.store(true, Ordering::Release);
-        self.stage_object(&key, generation, keep.map_or(size, |k| k.min(size)))
+        self.stage_object(&key, generation, Some(keep.map_or(size, |k| k.min(size))))
             .await
     }
 
@@ -580,10 +600,19 @@ impl Writes {
     ) -> FsResult<State> {
         let key = &*fw.inode.key();
         let meta = self.current(key, generation).await?;
-        not_taken_over(key, ended, &meta)?;
-        if meta.finalized || offset != meta.size {
+        // What this writer ended at (or knew at its open) is a size the object had: a stat
+        // that lags behind the appends says less. Staging copies the whole object anyway.
+        let known = match ended {
+            Some(end) => {
+                let now = self.true_size(key, &meta).await?;
+                not_taken_over(key, ended, meta.finalized, now)?;
+                end
+            }
+            None => meta.size.max(fw.size.load(Ordering::Acquire)),
+        };
+        if meta.finalized || offset != known {
             fw.exact.store(true, Ordering::Release);
-            return Ok(self.stage_object(key, meta.generation, meta.size).await);
+            return Ok(self.stage_object(key, meta.generation, None).await);
         }
         let w = self
             .client
