@@ -19,7 +19,8 @@ pub enum Profile {
     #[value(name = "aiml-serving")]
     AimlServing,
     /// Writing checkpoints that other nodes write and read too: names found missing are
-    /// asked again at once, half the memory budget for write buffers.
+    /// asked again at once, half the memory budget for write buffers, files finalized at
+    /// their close.
     #[serde(rename = "aiml-checkpointing")]
     #[value(name = "aiml-checkpointing")]
     AimlCheckpointing,
@@ -57,10 +58,12 @@ impl Profile {
                  [read]\nmax_streams_per_object = 8\nstream_per_mb = 64\n\
                  prefetch_dir_order = false\n"
             ),
-            // Other ranks and nodes create files the next step looks for.
+            // Other ranks and nodes create files the next step looks for, and read them
+            // whole: the stat and listings of an unfinalized object can lag behind its
+            // appends, a finalized object's are exact.
             Profile::AimlCheckpointing => "[fs]\nnegative_ttl_ms = 0\n\
                  [read]\nprefetch_dir_order = false\n\
-                 [write]\nmemory_percent = 50\n"
+                 [write]\nmemory_percent = 50\nfinalize_on_close = true\n"
                 .to_string(),
         };
         text.parse().unwrap_or_default()
