@@ -184,3 +184,34 @@ fn an_empty_directory_with_a_marker_object_is_removed_at_once() {
             .expect("folder asked"));
     });
 }
+
+/// A directory whose listing comes in pages shorter than asked for (the service may send
+/// them) is not taken for empty because its first page holds only its marker object: its
+/// rmdir is refused before anything is deleted.
+#[test]
+fn rmdir_reads_past_a_short_first_page() {
+    let env = FsEnv::new("b", |_| {});
+    env.put("m/", b"");
+    env.put("m/x", b"x");
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        assert_eq!(
+            fs.lookup(ROOT_INO, "m").await.expect("m").attr.kind,
+            Kind::Dir
+        );
+        env.emu().set_faults(rapidfs::emulator::Faults {
+            list_page_limit: Some(1),
+            ..Default::default()
+        });
+        assert_eq!(fs.rmdir(ROOT_INO, "m").await, Err(Errno(libc::ENOTEMPTY)));
+        env.emu().set_faults(rapidfs::emulator::Faults::default());
+        env.client
+            .get_object(&env.bucket, "m/")
+            .await
+            .expect("the marker is still there");
+        assert_eq!(
+            fs.lookup(ROOT_INO, "m").await.expect("m").attr.kind,
+            Kind::Dir
+        );
+    });
+}

@@ -126,20 +126,29 @@ impl Fs {
     /// Whether directory `dkey` holds anything (an object or a sub-folder).
     async fn dir_has_entries(&self, dkey: &str) -> FsResult<bool> {
         let i = &self.inner;
-        let req = ListRequest {
+        let mut req = ListRequest {
             prefix: dkey.to_string(),
             delimiter: Some("/".to_string()),
             page_size: 2,
             include_folders_as_prefixes: true,
             ..Default::default()
         };
-        let page = i
-            .client
-            .list_page(&i.bucket, &req)
-            .await
-            .map_err(|e| log_err("rmdir", dkey, &e))?;
-        // The directory's own marker object (`dkey` itself) is not an entry.
-        Ok(!page.prefixes.is_empty() || page.objects.iter().any(|o| o.name != dkey))
+        loop {
+            let page = i
+                .client
+                .list_page(&i.bucket, &req)
+                .await
+                .map_err(|e| log_err("rmdir", dkey, &e))?;
+            // The directory's own marker object (`dkey` itself) is not an entry.
+            if !page.prefixes.is_empty() || page.objects.iter().any(|o| o.name != dkey) {
+                return Ok(true);
+            }
+            // A page may be shorter than asked for, even empty, with more to come.
+            if page.next_page_token.is_empty() {
+                return Ok(false);
+            }
+            req.page_token = page.next_page_token;
+        }
     }
 
     /// Deletes the empty directory `dkey`: its folder and any marker object.
