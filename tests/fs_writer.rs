@@ -946,3 +946,31 @@ fn a_lagging_stat_neither_shrinks_a_file_written_here_nor_fences_its_writer() {
         assert!(in_bucket(&env, "f").await[..] == want[..]);
     });
 }
+
+/// An open file unlinked long ago (`tempfile.TemporaryFile`, created with `O_EXCL`) still
+/// has its attributes: once the stat TTL is over, asking the service for the name it no
+/// longer has would answer ENOENT, and `fstat` or a seek to its end would fail.
+#[test]
+fn an_open_unlinked_file_keeps_its_attributes_past_the_stat_ttl() {
+    let env = FsEnv::new("b", |cfg| cfg.fs.stat_ttl_ms = 1);
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let (e, t) = fs
+            .create(ROOT_INO, "tmp", libc::O_RDWR | libc::O_EXCL)
+            .await
+            .expect("create");
+        fs.write(t.fh, 0, b"abc".to_vec().into())
+            .await
+            .expect("write");
+        fs.unlink(ROOT_INO, "tmp").await.expect("unlink while open");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        assert_eq!(fs.getattr(e.attr.ino).await.expect("getattr").size, 3);
+        fs.write(t.fh, 3, b"def".to_vec().into())
+            .await
+            .expect("write after unlink");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        assert_eq!(fs.getattr(e.attr.ino).await.expect("getattr").size, 6);
+        fs.flush(t.fh).await.expect("close after unlink");
+        fs.release_write(t.fh).await;
+    });
+}

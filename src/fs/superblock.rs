@@ -689,7 +689,9 @@ impl Superblock {
             return Ok(m);
         }
         if let (Some(m), _) = inode.meta() {
-            if self.unanswered.holds(inode.ino) {
+            // A name that no longer leads to the inode (unlinked while open, or replaced)
+            // tells nothing about it: the service would answer for another object, or none.
+            if self.unanswered.holds(inode.ino) || !inode.is_named() {
                 return Ok(m);
             }
         }
