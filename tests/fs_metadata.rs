@@ -215,3 +215,31 @@ fn rmdir_reads_past_a_short_first_page() {
         );
     });
 }
+
+/// `rename(RENAME_NOREPLACE)` of a file replaced behind the mount's back (its generation
+/// known here is gone) onto a free name moves it: only a taken destination is EEXIST.
+#[test]
+fn a_noreplace_rename_of_a_file_replaced_elsewhere_moves_it() {
+    let env = FsEnv::new("b", |_| {});
+    env.put("x", b"a");
+    env.put("z", b"zzz");
+    env.put("taken", b"t");
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        fs.lookup(ROOT_INO, "x").await.expect("x");
+        fs.lookup(ROOT_INO, "z").await.expect("z");
+        env.put("x", b"bb");
+        env.put("z", b"zz");
+        assert_eq!(
+            fs.rename(ROOT_INO, "x", ROOT_INO, "y", libc::RENAME_NOREPLACE)
+                .await,
+            Ok(())
+        );
+        assert_eq!(fs.lookup(ROOT_INO, "y").await.expect("y").attr.size, 2);
+        assert_eq!(
+            fs.rename(ROOT_INO, "z", ROOT_INO, "taken", libc::RENAME_NOREPLACE)
+                .await,
+            Err(Errno(libc::EEXIST))
+        );
+    });
+}

@@ -300,7 +300,10 @@ impl Fs {
                     .move_object(&i.bucket, &from, to, known, dst_pre)
                     .await
                 {
-                    Err(gcs::Error::PreconditionFailed(_)) if known.is_some() && !noreplace => {
+                    // The source was replaced since this mount learned it, or (with
+                    // `noreplace`) the destination exists: the retry with the live source
+                    // tells which.
+                    Err(gcs::Error::PreconditionFailed(_)) if known.is_some() => {
                         i.client
                             .move_object(&i.bucket, &from, to, None, dst_pre)
                             .await
