@@ -243,3 +243,33 @@ fn a_noreplace_rename_of_a_file_replaced_elsewhere_moves_it() {
         );
     });
 }
+
+/// An `unlink` or `rmdir` of a name deleted behind the mount's back answers ENOENT and takes
+/// the name out of the caches: it is not listed or found again for the TTLs.
+#[test]
+fn removing_a_name_already_gone_forgets_it() {
+    let env = FsEnv::new("b", |_| {});
+    env.put("x", b"x");
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        fs.mkdir(ROOT_INO, "d").await.expect("mkdir");
+        fs.lookup(ROOT_INO, "x").await.expect("x");
+        env.client
+            .delete_object(&env.bucket, "x", None)
+            .await
+            .expect("deleted elsewhere");
+        env.client
+            .delete_folder(&env.bucket, "d/")
+            .await
+            .expect("deleted elsewhere");
+        assert_eq!(fs.unlink(ROOT_INO, "x").await, Err(Errno::ENOENT));
+        assert_eq!(fs.rmdir(ROOT_INO, "d").await, Err(Errno::ENOENT));
+        for name in ["x", "d"] {
+            assert_eq!(
+                fs.lookup(ROOT_INO, name).await.map(|_| ()),
+                Err(Errno::ENOENT),
+                "{name} still found"
+            );
+        }
+    });
+}

@@ -68,12 +68,15 @@ impl Fs {
         tries.reverse();
         loop {
             let Some(want) = tries.pop() else {
-                return Err(Errno::ENOENT);
+                return Err(self.gone(parent, name, &key, Kind::File));
             };
             let generation = match want {
                 Some(g) => g,
                 None => match i.client.get_object(&i.bucket, &key).await {
                     Ok(m) => m.generation,
+                    Err(gcs::Error::NotFound(_)) => {
+                        return Err(self.gone(parent, name, &key, Kind::File))
+                    }
                     Err(e) => return Err(log_err("unlink", &key, &e)),
                 },
             };
@@ -177,9 +180,19 @@ impl Fs {
         self.writable()?;
         let dir = self.dir_inode(parent)?;
         let dkey = names::dir_key(&dir.key(), name);
-        self.remove_dir(&dkey).await?;
+        match self.remove_dir(&dkey).await {
+            Err(Errno::ENOENT) => return Err(self.gone(parent, name, &dkey, Kind::Dir)),
+            removed => removed?,
+        }
         self.inner.sb.removed(parent, name, &dkey, Kind::Dir);
         Ok(())
+    }
+
+    /// Name `name` of `parent` (`key`) was deleted elsewhere before this mount could: it
+    /// leaves the caches, which would go on showing it for their TTLs. ENOENT, to return.
+    fn gone(&self, parent: u64, name: &str, key: &str, kind: Kind) -> Errno {
+        self.inner.sb.removed(parent, name, key, kind);
+        Errno::ENOENT
     }
 
     /// `rename(2)`: a file or link with MoveObject (atomically replacing a file or link of the
