@@ -273,3 +273,34 @@ fn removing_a_name_already_gone_forgets_it() {
         }
     });
 }
+
+/// A file open for reading reads on after it, or its directory, is renamed through the
+/// mount: the moved object is the same bytes under another name (and, for a file, a new
+/// generation), and POSIX leaves open descriptors alone.
+#[test]
+fn an_open_file_reads_on_after_a_rename_of_it_or_its_directory() {
+    let env = FsEnv::new("b", |_| {});
+    env.put("a", b"0123456789");
+    env.put("d/f", b"abcdef");
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let a = fs.lookup(ROOT_INO, "a").await.expect("a").attr.ino;
+        let d = fs.lookup(ROOT_INO, "d").await.expect("d").attr.ino;
+        let f = fs.lookup(d, "f").await.expect("f").attr.ino;
+        let ha = fs.open(a, false, false).await.expect("open a").fh;
+        let hf = fs.open(f, false, false).await.expect("open f").fh;
+        fs.rename(ROOT_INO, "a", ROOT_INO, "b", 0)
+            .await
+            .expect("rename a");
+        fs.rename(ROOT_INO, "d", ROOT_INO, "e", 0)
+            .await
+            .expect("rename d");
+        assert_eq!(
+            &fs.read(ha, 0, 100).await.expect("read a")[..],
+            b"0123456789"
+        );
+        assert_eq!(&fs.read(hf, 0, 100).await.expect("read f")[..], b"abcdef");
+        fs.release(ha);
+        fs.release(hf);
+    });
+}

@@ -86,6 +86,23 @@ impl Handles {
         }
     }
 
+    /// Gives every file handle whose read side `moved` maps to a new one that new read
+    /// side; returns the read sides replaced.
+    pub(super) fn repoint_reads(
+        &self,
+        moved: impl Fn(&ReadSide) -> Option<Arc<ReadSide>>,
+    ) -> Vec<Arc<ReadSide>> {
+        let mut replaced = Vec::new();
+        for open in self.table().values_mut() {
+            if let Open::File { read, .. } = open {
+                if let Some(new) = moved(read) {
+                    replaced.push(std::mem::replace(read, new));
+                }
+            }
+        }
+        replaced
+    }
+
     /// The writer of file handle `fh`, when it writes.
     pub(super) fn writer(&self, fh: u64) -> Option<Arc<FileWriter>> {
         match self.table().get(&fh) {

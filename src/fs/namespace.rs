@@ -17,6 +17,7 @@ use super::error::{log_err, Errno, FsResult};
 use super::inode::{Inode, Kind};
 use super::{names, Entry, Fs};
 use crate::gcs::{self, ListRequest};
+use std::sync::Arc;
 
 /// `renameat2` flags this filesystem understands.
 const RENAME_NOREPLACE: u32 = libc::RENAME_NOREPLACE;
@@ -188,6 +189,20 @@ impl Fs {
         Ok(())
     }
 
+    /// Open files go on reading what they read after it moved: each read side whose object
+    /// (name, generation) `moved` maps to a new name and generation reads the same bytes
+    /// there from now on. POSIX leaves open descriptors alone across a rename.
+    fn readers_follow(&self, moved: impl Fn((&str, i64)) -> Option<(String, i64)>) {
+        let i = &self.inner;
+        let replaced = i.handles.repoint_reads(|h| {
+            let (key, generation) = moved(h.object())?;
+            Some(Arc::new(i.reads.moved(h, &key, generation)))
+        });
+        for old in replaced {
+            i.reads.release(&old);
+        }
+    }
+
     /// Name `name` of `parent` (`key`) was deleted elsewhere before this mount could: it
     /// leaves the caches, which would go on showing it for their TTLs. ENOENT, to return.
     fn gone(&self, parent: u64, name: &str, key: &str, kind: Kind) -> Errno {
@@ -280,6 +295,11 @@ impl Fs {
                                 e => log_err("rename", &from, &e),
                             })?;
                         i.sb.renamed((parent, name), (newparent, newname), (&from, &to), src.kind);
+                        // A folder's objects keep their generations as they move.
+                        self.readers_follow(|(key, generation)| {
+                            let rest = key.strip_prefix(from.as_str())?;
+                            Some((format!("{to}{rest}"), generation))
+                        });
                         Ok(())
                     })
                     .await
@@ -308,6 +328,8 @@ impl Fs {
                     crc32c: None,
                 });
                 let dst_pre = noreplace.then_some(0);
+                // The generation that moved, when it is the one this mount knows.
+                let mut moved_generation = known.map(|k| k.generation);
                 let moved = match i
                     .client
                     .move_object(&i.bucket, &from, to, known, dst_pre)
@@ -317,6 +339,7 @@ impl Fs {
                     // `noreplace`) the destination exists: the retry with the live source
                     // tells which.
                     Err(gcs::Error::PreconditionFailed(_)) if known.is_some() => {
+                        moved_generation = None;
                         i.client
                             .move_object(&i.bucket, &from, to, None, dst_pre)
                             .await
@@ -329,6 +352,12 @@ impl Fs {
                 })?;
                 src.replace(super::inode::ObjMeta::from(&meta));
                 renamed();
+                if let Some(old) = moved_generation {
+                    self.readers_follow(|(key, generation)| {
+                        (key == from && generation == old)
+                            .then(|| (to.to_string(), meta.generation))
+                    });
+                }
                 Ok(meta.generation)
             })
             .await

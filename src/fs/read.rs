@@ -106,6 +106,11 @@ impl Handle {
     pub fn direct(&self) -> bool {
         self.direct
     }
+
+    /// The object it reads: its name and generation.
+    pub fn object(&self) -> (&str, i64) {
+        (&self.key, self.generation)
+    }
 }
 
 impl ReadPath {
@@ -333,8 +338,18 @@ impl ReadPath {
     /// A handle reading object `key` at the generation and size in `meta`; `direct`: opened
     /// with `O_DIRECT`, which the kernel reads nothing ahead for, so this path does.
     pub fn open(&self, key: &str, meta: &ObjMeta, direct: bool) -> Handle {
+        self.open_version(key, meta.generation, meta.size, direct)
+    }
+
+    /// A handle like `h` for the same bytes moved to `key` as generation `generation` (a
+    /// rename through this mount).
+    pub fn moved(&self, h: &Handle, key: &str, generation: i64) -> Handle {
+        self.open_version(key, generation, h.size, h.direct)
+    }
+
+    fn open_version(&self, key: &str, generation: i64, size: u64, direct: bool) -> Handle {
         let key: Arc<str> = Arc::from(key);
-        let streams = usize::try_from(1 + meta.size / self.bytes_per_stream)
+        let streams = usize::try_from(1 + size / self.bytes_per_stream)
             .unwrap_or(usize::MAX)
             .min(self.max_streams);
         let new_pool = || {
@@ -342,7 +357,7 @@ impl ReadPath {
                 self.client.clone(),
                 self.bucket.clone(),
                 key.to_string(),
-                meta.generation,
+                generation,
                 streams,
             ))
         };
@@ -350,16 +365,15 @@ impl ReadPath {
         // reader nothing (a new stream carries the range in its first message), and
         // thousands of idle streams cost both ends CPU on every frame. Its stream closes
         // with its last handle.
-        let pool = if meta.size <= self.small {
+        let pool = if size <= self.small {
             new_pool()
         } else {
-            self.pools
-                .get_with((key.clone(), meta.generation), new_pool)
+            self.pools.get_with((key.clone(), generation), new_pool)
         };
         Handle {
             key,
-            generation: meta.generation,
-            size: meta.size,
+            generation,
+            size,
             pool,
             direct,
             seq: Mutex::new(Sequential::new(self.readahead_initial, self.readahead_max)),
