@@ -371,3 +371,44 @@ fn a_listing_that_overtakes_a_create_still_shows_the_file() {
         assert_eq!(fs.lookup(d, "new").await.expect("new").attr.size, 2);
     });
 }
+
+/// A directory read in several READDIRPLUS calls (as `ls -l` does) while a name in it is
+/// unlinked: the handle's listing, taken at the first call, does not give the unlinked name
+/// an inode again, which the kernel would then keep for the entry TTL.
+#[test]
+fn readdirplus_does_not_bring_back_a_name_unlinked_meanwhile() {
+    let env = FsEnv::new("b", |_| {});
+    for name in ["a", "b", "c", "d", "e"] {
+        env.put(name, b"x");
+    }
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let fh = fs.opendir(ROOT_INO).expect("opendir");
+        let mut names = Vec::new();
+        let mut next = 0;
+        fs.readdirplus(fh, 0, |item, _| {
+            if names.len() == 3 {
+                return true;
+            }
+            names.push(item.name.to_string());
+            next = item.offset;
+            false
+        })
+        .await
+        .expect("first page");
+        assert_eq!(names, [".", "..", "a"]);
+        fs.unlink(ROOT_INO, "d").await.expect("unlink");
+        fs.readdirplus(fh, next, |item, _| {
+            names.push(item.name.to_string());
+            false
+        })
+        .await
+        .expect("the rest");
+        fs.releasedir(fh);
+        assert!(!names.iter().any(|n| n == "d"), "listed: {names:?}");
+        assert_eq!(
+            fs.lookup(ROOT_INO, "d").await.map(|_| ()),
+            Err(Errno::ENOENT)
+        );
+    });
+}

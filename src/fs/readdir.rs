@@ -182,8 +182,19 @@ impl Fs {
             }
         }
         let dir_key = dir.key();
+        // A listing the handle kept since its first call is older than the directory's
+        // cached one when the directory changed meanwhile: a name unlinked or renamed away
+        // since must not get an inode again (the kernel would keep it for the entry TTL).
+        let newer = self
+            .inner
+            .sb
+            .cached_listing(&dir_key)
+            .filter(|current| !std::ptr::eq(current.as_ref(), listing));
         let skip = offset.saturating_sub(2) as usize;
         for (n, e) in (skip..).zip(listing.iter_from(skip)) {
+            if newer.as_ref().is_some_and(|l| l.find(e.name).is_none()) {
+                continue;
+            }
             let inode = self.inner.sb.found_listed(&dir_key, e, listing.listed_at);
             let item = DirItem {
                 ino: inode.ino,
