@@ -853,8 +853,9 @@ fn a_truncate_before_a_create_is_answered_keeps_the_file_listed() {
 }
 
 /// An unfinalized object of 1,000 bytes of 7 written by another client, whose stat then
-/// lags behind its appends (it says 0 bytes, as the service's metadata can).
-async fn appended_elsewhere_with_a_lagging_stat(env: &FsEnv, name: &str) {
+/// lags behind its appends (it says 0 bytes, as the service's metadata can), opened for
+/// writing: its inode and handle.
+async fn opened_with_a_lagging_stat(env: &FsEnv, name: &str) -> (u64, u64) {
     let mut other = env
         .client
         .create_appendable("b", name, None)
@@ -866,6 +867,16 @@ async fn appended_elsewhere_with_a_lagging_stat(env: &FsEnv, name: &str) {
         stale_unfinalized_size: true,
         ..Faults::default()
     });
+    let ino = env.fs.lookup(ROOT_INO, name).await.expect("found").attr.ino;
+    let h = env.fs.open_write(ino, false).await.expect("open");
+    (ino, h.fh)
+}
+
+/// Closes handle `fh` (which uploads what it staged) and ends the lagging stat.
+async fn closed_and_stat_exact(env: &FsEnv, fh: u64) {
+    env.fs.flush(fh).await.expect("close uploads");
+    env.fs.release_write(fh).await;
+    env.emu().set_faults(Faults::default());
 }
 
 /// A rewrite of an unfinalized object whose stat lags behind its appends stages the whole
@@ -875,15 +886,11 @@ fn a_rewrite_keeps_the_bytes_a_lagging_stat_leaves_out() {
     let env = FsEnv::new("b", |_| {});
     let fs = &env.fs;
     env.rt.block_on(async {
-        appended_elsewhere_with_a_lagging_stat(&env, "f").await;
-        let ino = fs.lookup(ROOT_INO, "f").await.expect("f").attr.ino;
-        let h = fs.open_write(ino, false).await.expect("open");
-        fs.write(h.fh, 10, vec![2u8; 10].into())
+        let (_, fh) = opened_with_a_lagging_stat(&env, "f").await;
+        fs.write(fh, 10, vec![2u8; 10].into())
             .await
             .expect("rewrite");
-        fs.flush(h.fh).await.expect("close uploads");
-        fs.release_write(h.fh).await;
-        env.emu().set_faults(Faults::default());
+        closed_and_stat_exact(&env, fh).await;
         let mut want = vec![7u8; 1000];
         want[10..20].copy_from_slice(&[2u8; 10]);
         assert!(
@@ -900,22 +907,18 @@ fn a_truncate_to_a_lagging_stat_s_size_is_carried_out() {
     let env = FsEnv::new("b", |_| {});
     let fs = &env.fs;
     env.rt.block_on(async {
-        appended_elsewhere_with_a_lagging_stat(&env, "f").await;
-        let ino = fs.lookup(ROOT_INO, "f").await.expect("f").attr.ino;
-        let h = fs.open_write(ino, false).await.expect("open");
+        let (ino, fh) = opened_with_a_lagging_stat(&env, "f").await;
         fs.setattr(
             ino,
             rapidfs::fs::SetAttr {
                 size: Some(0),
-                fh: Some(h.fh),
+                fh: Some(fh),
                 ..Default::default()
             },
         )
         .await
         .expect("truncate");
-        fs.flush(h.fh).await.expect("close uploads");
-        fs.release_write(h.fh).await;
-        env.emu().set_faults(Faults::default());
+        closed_and_stat_exact(&env, fh).await;
         assert_eq!(in_bucket(&env, "f").await.len(), 0, "not truncated");
     });
 }
