@@ -85,7 +85,6 @@ impl ObjectFields {
     }
 }
 
-/// The wire form of an object, with only the fields in `f` (and its name).
 /// `o` as a service whose metadata lags behind appends reports entry `e`: the size of an
 /// unfinalized object as 0, and no checksum (see `Faults::stale_unfinalized_size`).
 pub(crate) fn lag_behind_appends(o: &mut Object, e: &Entry) {
@@ -95,6 +94,7 @@ pub(crate) fn lag_behind_appends(o: &mut Object, e: &Entry) {
     }
 }
 
+/// The wire form of an object, with only the fields in `f` (and its name).
 pub(crate) fn to_proto_masked(bucket: &str, name: &str, e: &Entry, f: &ObjectFields) -> Object {
     let st = e.content.state();
     Object {

@@ -470,7 +470,7 @@ impl Fs {
         direct: bool,
     ) -> FsResult<Arc<ReadSide>> {
         let meta = match self.inner.sb.fresh_meta(inode).await {
-            // Unlinked meanwhile: the file this handle reads is gone.
+            // Deleted elsewhere before this mount knew its metadata: the file is gone.
             Err(Errno::ENOENT) => return Err(Errno::ESTALE),
             other => other?,
         };

@@ -67,9 +67,14 @@ impl Fs {
             None => vec![None],
         };
         tries.reverse();
+        // Whether the last delete found no object (rather than another generation).
+        let mut found_none = false;
         loop {
             let Some(want) = tries.pop() else {
-                return Err(self.gone(parent, name, &key, Kind::File));
+                if found_none {
+                    return Err(self.gone(parent, name, &key, Kind::File));
+                }
+                return Err(Errno::ENOENT);
             };
             let generation = match want {
                 Some(g) => g,
@@ -87,7 +92,8 @@ impl Fs {
                 .await
             {
                 Ok(()) => break,
-                Err(gcs::Error::NotFound(_) | gcs::Error::PreconditionFailed(_)) => continue,
+                Err(gcs::Error::NotFound(_)) => found_none = true,
+                Err(gcs::Error::PreconditionFailed(_)) => found_none = false,
                 Err(e) => return Err(log_err("unlink", &key, &e)),
             }
         }

@@ -101,13 +101,11 @@ pub struct Writes {
     stopped: tokio::sync::RwLock<bool>,
 }
 
-/// EIO when another writer has taken `meta`'s object over since a close(2) ended this
-/// writer's stream at size `ended` (it appended, or finalized the object: this writer never
-/// finalizes a stream its close ended): the stream would have been fenced, and so is the
+/// EIO when another writer has taken the object over since a close(2) ended this writer's
+/// stream at size `ended`: the object, of `size` bytes now (what its read stream says: a
+/// stat can lag behind appends), was appended to or finalized since (this writer never
+/// finalizes a stream its close ended). The stream would have been fenced, and so is the
 /// writer.
-/// Refuses a writer whose stream ended (its file's close) at size `ended` once the object,
-/// of `size` bytes now (what its read stream says: a stat can lag behind appends), was
-/// appended to or finalized since: another writer took it over meanwhile.
 fn not_taken_over(key: &str, ended: Option<u64>, finalized: bool, size: u64) -> FsResult<()> {
     match ended {
         Some(end) if size != end || finalized => {
