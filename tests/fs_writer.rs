@@ -977,3 +977,27 @@ fn an_open_unlinked_file_keeps_its_attributes_past_the_stat_ttl() {
         fs.release_write(t.fh).await;
     });
 }
+
+/// With `write.finalize_on_close`, the close(2) of a file's only writing handle finalizes it
+/// before it returns (the release after it is sent without waiting, too late for a reader
+/// that the closer tells to go on), and a dup that writes after it rewrites the finalized
+/// object through a staged copy.
+#[test]
+fn finalize_on_close_finalizes_at_the_close_and_a_dup_rewrites_after_it() {
+    let env = FsEnv::new("b", |cfg| cfg.write.finalize_on_close = true);
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let (_, fh) = closed_with_a_thousand_bytes(fs, "f").await;
+        let meta = env.client.get_object("b", "f").await.expect("f");
+        assert!(meta.finalized, "finalized by the close");
+        assert_eq!(meta.size, 1000);
+        fs.write(fh, 1000, vec![3u8; 100].into())
+            .await
+            .expect("the dup writes on");
+        fs.flush(fh).await.expect("close");
+        fs.release_write(fh).await;
+        let mut want = vec![1u8; 1000];
+        want.extend_from_slice(&[3u8; 100]);
+        assert!(in_bucket(&env, "f").await[..] == want[..]);
+    });
+}

@@ -15,7 +15,8 @@
 //! makes idle writers' bytes durable so they cannot hold the budget forever. A failed
 //! writer stays failed: every later write, flush or fsync on it answers the same errno. The
 //! close(2) of the only writing handle ends the stream (the writer turns `Idle`), else the
-//! last handle's release does (close, or finalize with `write.finalize_on_close`).
+//! last handle's release does; either closes it, or finalizes it with
+//! `write.finalize_on_close`.
 //!
 //! Touches `gcs::AppendWriter`, the staging area, uploads, and the inode's size and
 //! generation; no kernel types.
@@ -677,29 +678,36 @@ impl Writes {
 
     /// `close(2)` of a descriptor writing through `fw`: returns once every byte written
     /// through it is persisted. When `fw` has no other writing handle, its stream ends here
-    /// (the last flush and the half-close leave together), which spares the release that
-    /// follows a round trip of its own. A descriptor still open on the same handle (a dup, a
+    /// (the last flush and the half-close, or the finalize with `write.finalize_on_close`,
+    /// leave together), which spares the release that follows a round trip of its own. A descriptor still open on the same handle (a dup, a
     /// forked child) that writes again takes the object over, as a later open would, unless
     /// another writer has appended since (see `not_taken_over`). Only the handle's opener
     /// closes this way: the FUSE layer answers anyone else's close as an fsync.
     pub async fn closing(&self, fw: &FileWriter) -> FsResult<()> {
-        let only_handle = !self.finalize_on_close
-            && lock(&self.by_ino)
-                .get(&fw.inode.ino)
-                .is_some_and(|(w, handles)| std::ptr::eq(Arc::as_ptr(w), fw) && *handles == 1);
+        let only_handle = lock(&self.by_ino)
+            .get(&fw.inode.ino)
+            .is_some_and(|(w, handles)| std::ptr::eq(Arc::as_ptr(w), fw) && *handles == 1);
         let mut st = fw.state.lock().await;
         match std::mem::replace(&mut *st, State::Done) {
             // Nothing written yet: a shell's redirection closes the descriptor it opened
             // before the command writes through its copy.
             State::Open { w, held } if only_handle && w.written() > 0 => {
-                let closed = (*w).close().await;
+                // Finalized here, not at the release: the kernel sends that without waiting,
+                // after close(2) has returned to a writer that may tell others to read.
+                let closed = if self.finalize_on_close {
+                    (*w).finalize().await
+                } else {
+                    (*w).close().await
+                };
                 drop(held);
                 match closed {
                     Ok(meta) => {
                         fw.inode.note_written(meta.generation, meta.size);
                         *st = State::Idle {
                             generation: meta.generation,
-                            ended: Some(meta.size),
+                            // A dup writing after a finalize stages the finalized object
+                            // (see `take_over`), which nobody took over.
+                            ended: (!self.finalize_on_close).then_some(meta.size),
                         };
                         Ok(())
                     }
