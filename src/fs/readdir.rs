@@ -185,10 +185,10 @@ impl Fs {
         // A listing the handle kept since its first call is older than the directory's
         // cached one when the directory changed meanwhile: a name unlinked or renamed away
         // since must not get an inode again (the kernel would keep it for the entry TTL).
-        let newer = self
-            .inner
-            .sb
-            .cached_listing(&dir_key)
+        // At offset 0 the listing is the directory's current one.
+        let newer = (offset > 0)
+            .then(|| self.inner.sb.cached_listing(&dir_key))
+            .flatten()
             .filter(|current| !std::ptr::eq(current.as_ref(), listing));
         let skip = offset.saturating_sub(2) as usize;
         for (n, e) in (skip..).zip(listing.iter_from(skip)) {

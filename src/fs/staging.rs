@@ -213,10 +213,9 @@ impl StagedFile {
     }
 
     /// Fills the file with generation `generation` of `key`, up to `upto` bytes (all of it
-    /// when `None`), streamed chunk by chunk; returns how many bytes it holds. The object's
-    /// size is the one its read stream reports: a stat of an unfinalized object can lag
-    /// behind its appends, its read stream serves them all. The generation must still exist
-    /// (ESTALE otherwise).
+    /// when `None`), streamed chunk by chunk. The object's size is the one its read stream
+    /// reports: a stat of an unfinalized object can lag behind its appends, its read stream
+    /// serves them all. The generation must still exist (ESTALE otherwise).
     pub async fn fill(
         &mut self,
         client: &Client,
@@ -224,9 +223,9 @@ impl StagedFile {
         key: &str,
         generation: i64,
         upto: Option<u64>,
-    ) -> FsResult<u64> {
+    ) -> FsResult<()> {
         if upto == Some(0) {
-            return Ok(0);
+            return Ok(());
         }
         let reader = client
             .open_reader(bucket, key, Some(generation))
@@ -255,7 +254,7 @@ impl StagedFile {
             );
             return Err(Errno::ESTALE);
         }
-        Ok(len)
+        Ok(())
     }
 }
 

@@ -554,7 +554,7 @@ impl Writes {
             .fill(&self.client, &self.bucket, key, generation, upto)
             .await
         {
-            Ok(_) => State::Staged(Box::new(Staged {
+            Ok(()) => State::Staged(Box::new(Staged {
                 file,
                 base: generation,
                 dirty: false,
@@ -679,10 +679,11 @@ impl Writes {
     /// `close(2)` of a descriptor writing through `fw`: returns once every byte written
     /// through it is persisted. When `fw` has no other writing handle, its stream ends here
     /// (the last flush and the half-close, or the finalize with `write.finalize_on_close`,
-    /// leave together), which spares the release that follows a round trip of its own. A descriptor still open on the same handle (a dup, a
-    /// forked child) that writes again takes the object over, as a later open would, unless
-    /// another writer has appended since (see `not_taken_over`). Only the handle's opener
-    /// closes this way: the FUSE layer answers anyone else's close as an fsync.
+    /// leave together), which spares the release that follows a round trip of its own. A
+    /// descriptor still open on the same handle (a dup, a forked child) that writes again
+    /// takes the object over, as a later open would, unless another writer has appended since
+    /// (see `not_taken_over`). Only the handle's opener closes this way: the FUSE layer
+    /// answers anyone else's close as an fsync.
     pub async fn closing(&self, fw: &FileWriter) -> FsResult<()> {
         let only_handle = lock(&self.by_ino)
             .get(&fw.inode.ino)
