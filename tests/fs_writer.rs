@@ -900,6 +900,28 @@ fn a_rewrite_keeps_the_bytes_a_lagging_stat_leaves_out() {
     });
 }
 
+/// An O_APPEND write to an unfinalized object whose stat lags behind its appends lands at
+/// the object's end, which the takeover learns, not at the size the stat reported: there it
+/// would have overwritten the bytes the stat left out.
+#[test]
+fn an_append_goes_past_what_a_lagging_stat_leaves_out() {
+    let env = FsEnv::new("b", |_| {});
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let (_, fh) = opened_with_a_lagging_stat(&env, "f").await;
+        fs.append(fh, vec![2u8; 10].into()).await.expect("append");
+        fs.append(fh, vec![3u8; 5].into()).await.expect("append");
+        closed_and_stat_exact(&env, fh).await;
+        let mut want = vec![7u8; 1000];
+        want.extend_from_slice(&[2u8; 10]);
+        want.extend_from_slice(&[3u8; 5]);
+        assert!(
+            in_bucket(&env, "f").await[..] == want[..],
+            "the append did not land at the object's end"
+        );
+    });
+}
+
 /// A truncate of an unfinalized object to the size its lagging stat reports is carried
 /// out: the object is longer than that.
 #[test]

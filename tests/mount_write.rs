@@ -194,6 +194,44 @@ fn reopening_with_o_append_continues_the_object() {
     assert_eq!(got.size, 14);
 }
 
+/// O_APPEND writes at the object's end even where the kernel's cached size is older: B's
+/// kernel still holds the size it saw before A appended, and computes its offset from it.
+#[test]
+fn an_o_append_write_lands_after_what_another_mount_appended_since() {
+    use std::os::unix::fs::FileExt;
+    let env = Env::new(BUCKET);
+    let a = env.mount(BUCKET, &env.config());
+    let b = env.mount(BUCKET, &env.config());
+    let c = client(&env.rt, &env.emu().endpoint());
+    std::fs::write(a.p("a.log"), b"one\n").expect("write on A");
+    assert_eq!(std::fs::read(b.p("a.log")).expect("read on B"), b"one\n");
+    let append = |m: &mount_support::Mount, line: &str| {
+        let mut f = OpenOptions::new()
+            .append(true)
+            .open(m.p("a.log"))
+            .expect("open O_APPEND");
+        f.write_all(line.as_bytes()).expect("append");
+    };
+    append(&a, "two\n");
+    append(&b, "three\n");
+    assert_eq!(bytes(&env.rt, &c, BUCKET, "a.log"), b"one\ntwo\nthree\n");
+    let mut start = [0u8; 10];
+    std::fs::File::open(b.p("a.log"))
+        .expect("open on B")
+        .read_exact_at(&mut start, 0)
+        .expect("pread on B");
+    assert_eq!(&start, b"one\ntwo\nth", "B's cached pages");
+    append(&b, "four\n");
+    assert_eq!(
+        bytes(&env.rt, &c, BUCKET, "a.log"),
+        b"one\ntwo\nthree\nfour\n"
+    );
+    assert_eq!(
+        std::fs::read(b.p("a.log")).expect("read on B"),
+        b"one\ntwo\nthree\nfour\n"
+    );
+}
+
 /// The close(2) of a file's only descriptor ends its write stream; a dup still open writes
 /// on (it takes the object over), in the order the bytes were written. A shell's redirection
 /// closes the descriptor it opened before the command writes through its copy.

@@ -375,9 +375,15 @@ impl Writes {
         lock(&self.by_ino).contains_key(&ino)
     }
 
-    /// Writes `data` at `offset` through `fw`: an append at the end streams, anything else
-    /// goes to a staged copy. EIO once the writes are stopped.
-    pub async fn write(&self, fw: &Arc<FileWriter>, offset: u64, data: Bytes) -> FsResult<u32> {
+    /// Writes `data` at `offset` through `fw` (at the file's end when `None`, as O_APPEND
+    /// writes): an append at the end streams, anything else goes to a staged copy. EIO once
+    /// the writes are stopped.
+    pub async fn write(
+        &self,
+        fw: &Arc<FileWriter>,
+        offset: Option<u64>,
+        data: Bytes,
+    ) -> FsResult<u32> {
         let stopped = self.stopped.read().await;
         if *stopped {
             return Err(Errno::EIO);
@@ -413,7 +419,12 @@ impl Writes {
             .collect()
     }
 
-    async fn write_through(&self, fw: &Arc<FileWriter>, offset: u64, data: Bytes) -> FsResult<u32> {
+    async fn write_through(
+        &self,
+        fw: &Arc<FileWriter>,
+        offset: Option<u64>,
+        data: Bytes,
+    ) -> FsResult<u32> {
         let len = u32::try_from(data.len()).map_err(|_| Errno::EINVAL)?;
         let key = fw.inode.key();
         let mut st = fw.state.lock().await;
@@ -423,6 +434,15 @@ impl Writes {
                 Err(e) => State::Failed(e),
             };
         }
+        // The end is the object's, as this writer knows it: the kernel's offset for an
+        // O_APPEND write comes from the size it last saw, which another writer of the
+        // object (another mount) may have left behind since.
+        let offset = match (&*st, offset) {
+            (_, Some(offset)) => offset,
+            (State::Open { w, .. }, None) => w.written(),
+            (State::Staged(s), None) => s.file.size(),
+            (_, None) => 0,
+        };
         if let State::Open { w, .. } = &*st {
             if offset != w.written() {
                 let next = self.stage_stream(fw, &mut st, None).await;
@@ -588,14 +608,15 @@ impl Writes {
     }
 
     /// The first write to an existing object (or the first since a close(2) ended this
-    /// writer's stream, `ended`): at the end of an unfinalized object it takes the object over
-    /// and streams; anywhere else (or on a finalized object) it stages.
+    /// writer's stream, `ended`): at the end of an unfinalized object (`offset` None: wherever
+    /// that is) it takes the object over and streams; anywhere else (or on a finalized object)
+    /// it stages.
     async fn take_over(
         &self,
         fw: &FileWriter,
         generation: i64,
         ended: Option<u64>,
-        offset: u64,
+        offset: Option<u64>,
     ) -> FsResult<State> {
         let key = &*fw.inode.key();
         let meta = self.current(key, generation).await?;
@@ -609,7 +630,7 @@ impl Writes {
             }
             None => meta.size.max(fw.size.load(Ordering::Acquire)),
         };
-        if meta.finalized || offset != known {
+        if meta.finalized || offset.is_some_and(|o| o != known) {
             fw.exact.store(true, Ordering::Release);
             return Ok(self.stage_object(key, meta.generation, None).await);
         }

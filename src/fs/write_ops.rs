@@ -173,7 +173,15 @@ impl Fs {
     pub async fn write(&self, fh: u64, offset: u64, data: Bytes) -> FsResult<u32> {
         self.writable()?;
         let fw = self.inner.handles.writer(fh).ok_or(Errno::EBADF)?;
-        self.inner.writes.write(&fw, offset, data).await
+        self.inner.writes.write(&fw, Some(offset), data).await
+    }
+
+    /// Writes `data` at the end of handle `fh`'s file as the object has it, whatever size the
+    /// caller last saw: an O_APPEND write.
+    pub async fn append(&self, fh: u64, data: Bytes) -> FsResult<u32> {
+        self.writable()?;
+        let fw = self.inner.handles.writer(fh).ok_or(Errno::EBADF)?;
+        self.inner.writes.write(&fw, None, data).await
     }
 
     /// Handle `fh`, writing through `fw` and reading past the size its read side opened at,

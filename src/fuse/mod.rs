@@ -645,7 +645,7 @@ impl Filesystem for FuseAdapter {
         offset: u64,
         data: &[u8],
         _write_flags: WriteFlags,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
@@ -653,8 +653,17 @@ impl Filesystem for FuseAdapter {
         let t0 = Instant::now();
         let data = self.write_buffers.copy(data);
         let fs = self.fs.clone();
+        // The kernel's offset for an O_APPEND write is the size it last saw, which another
+        // mount's appends may have left behind: the write goes to the object's end instead.
+        // (Pages the kernel cached at its offset meanwhile are dropped at the next open,
+        // whose identity differs.)
+        let append = flags.0 & libc::O_APPEND != 0;
         self.answer_soon(async move {
-            let written = fs.write(fh.0, offset, data).await;
+            let written = if append {
+                fs.append(fh.0, data).await
+            } else {
+                fs.write(fh.0, offset, data).await
+            };
             match metered("write", t0, written, |n| u64::from(*n)) {
                 Ok(n) => reply.written(n),
                 Err(e) => reply.error(errno(e)),
