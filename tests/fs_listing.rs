@@ -372,6 +372,42 @@ fn a_listing_that_overtakes_a_create_still_shows_the_file() {
     });
 }
 
+/// As above with no listing of the directory cached by the second call (here: none is kept
+/// at all): the unlinked name is still not listed.
+#[test]
+fn readdirplus_does_not_bring_back_a_name_unlinked_meanwhile_without_a_cached_listing() {
+    let env = FsEnv::new("b", |c| c.fs.list_ttl_ms = 0);
+    for name in ["a", "b", "c", "d", "e"] {
+        env.put(name, b"x");
+    }
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let fh = fs.opendir(ROOT_INO).expect("opendir");
+        let mut names = Vec::new();
+        let mut next = 0;
+        fs.readdirplus(fh, 0, |item, _| {
+            if names.len() == 3 {
+                return true;
+            }
+            names.push(item.name.to_string());
+            next = item.offset;
+            false
+        })
+        .await
+        .expect("first page");
+        assert_eq!(names, [".", "..", "a"]);
+        fs.unlink(ROOT_INO, "d").await.expect("unlink");
+        fs.readdirplus(fh, next, |item, _| {
+            names.push(item.name.to_string());
+            false
+        })
+        .await
+        .expect("the rest");
+        fs.releasedir(fh);
+        assert_eq!(names, [".", "..", "a", "b", "c", "e"]);
+    });
+}
+
 /// A directory read in several READDIRPLUS calls (as `ls -l` does) while a name in it is
 /// unlinked: the handle's listing, taken at the first call, does not give the unlinked name
 /// an inode again, which the kernel would then keep for the entry TTL.

@@ -24,8 +24,17 @@ enum Open {
     },
     Dir {
         ino: u64,
-        listing: Option<Arc<Listing>>,
+        listing: Option<KeptListing>,
     },
+}
+
+/// The listing a directory handle reads past offset 0, and its directory's change count
+/// (`DirChanges`) from before it was taken: a count that moved since says the listing may
+/// hold names removed through this mount meanwhile.
+#[derive(Clone)]
+pub(super) struct KeptListing {
+    pub listing: Arc<Listing>,
+    pub changes: u64,
 }
 
 /// What a file handle reads through.
@@ -171,7 +180,7 @@ impl Handles {
     }
 
     /// The directory handle `fh`'s inode and the listing it took, if any yet.
-    pub(super) fn dir(&self, fh: u64) -> Option<(u64, Option<Arc<Listing>>)> {
+    pub(super) fn dir(&self, fh: u64) -> Option<(u64, Option<KeptListing>)> {
         match self.table().get(&fh) {
             Some(Open::Dir { ino, listing }) => Some((*ino, listing.clone())),
             _ => None,
@@ -179,7 +188,7 @@ impl Handles {
     }
 
     /// Directory handle `fh` reads `l` from now on.
-    pub(super) fn set_dir_listing(&self, fh: u64, l: Arc<Listing>) {
+    pub(super) fn set_dir_listing(&self, fh: u64, l: KeptListing) {
         if let Some(Open::Dir { listing, .. }) = self.table().get_mut(&fh) {
             *listing = Some(l);
         }

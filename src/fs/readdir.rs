@@ -3,6 +3,7 @@
 //! consistent listing; the handle table keeps it), and `releasedir`.
 
 use super::error::{Errno, FsResult};
+use super::handles::KeptListing;
 use super::listing::Listing;
 use super::{names, Entry, Fs, Kind};
 use std::sync::Arc;
@@ -48,29 +49,58 @@ impl Fs {
     }
 
     /// The listing directory handle `fh` reads: taken at offset 0, kept for later offsets.
-    async fn dir_listing(&self, fh: u64, offset: u64) -> FsResult<(u64, Arc<Listing>)> {
+    async fn dir_listing(&self, fh: u64, offset: u64) -> FsResult<(u64, KeptListing)> {
         if let Some(found) = self.dir_listing_at_hand(fh, offset)? {
             return Ok(found);
         }
         let (ino, _) = self.inner.handles.dir(fh).ok_or(Errno::EBADF)?;
-        let listing = self.inner.sb.listing(ino).await?;
-        self.inner.handles.set_dir_listing(fh, listing.clone());
-        Ok((ino, listing))
+        let changes = self.inner.sb.dir_change_count(&self.dir_inode(ino)?.key());
+        let kept = KeptListing {
+            listing: self.inner.sb.listing(ino).await?,
+            changes,
+        };
+        self.inner.handles.set_dir_listing(fh, kept.clone());
+        Ok((ino, kept))
     }
 
     /// `dir_listing` as far as it needs no call: the handle's kept listing past offset 0, or
     /// at offset 0 the directory's cached one. `None`: it must be listed.
-    fn dir_listing_at_hand(&self, fh: u64, offset: u64) -> FsResult<Option<(u64, Arc<Listing>)>> {
+    fn dir_listing_at_hand(&self, fh: u64, offset: u64) -> FsResult<Option<(u64, KeptListing)>> {
         let (ino, kept) = self.inner.handles.dir(fh).ok_or(Errno::EBADF)?;
-        if let (Some(l), true) = (kept, offset > 0) {
-            return Ok(Some((ino, l)));
+        if let (Some(k), true) = (kept, offset > 0) {
+            return Ok(Some((ino, k)));
         }
-        let dir = self.dir_inode(ino)?;
-        let Some(listing) = self.inner.sb.cached_listing(&dir.key()) else {
+        let dkey = self.dir_inode(ino)?.key();
+        let changes = self.inner.sb.dir_change_count(&dkey);
+        let Some(listing) = self.inner.sb.cached_listing(&dkey) else {
             return Ok(None);
         };
-        self.inner.handles.set_dir_listing(fh, listing.clone());
-        Ok(Some((ino, listing)))
+        let kept = KeptListing { listing, changes };
+        self.inner.handles.set_dir_listing(fh, kept.clone());
+        Ok(Some((ino, kept)))
+    }
+
+    /// What a kept listing past offset 0 must be checked against: the directory's cached
+    /// listing where it is newer, or, where none is cached but the directory changed through
+    /// this mount since, a new listing (`Err(())`: that takes a call). Names the kept listing
+    /// holds and the newer one lacks were unlinked or renamed away since, and must not get an
+    /// inode again: the kernel would keep it for the entry TTL.
+    fn newer_listing_at_hand(
+        &self,
+        dkey: &str,
+        kept: &KeptListing,
+        offset: u64,
+    ) -> Result<Option<Arc<Listing>>, ()> {
+        if offset == 0 {
+            return Ok(None);
+        }
+        if let Some(current) = self.inner.sb.cached_listing(dkey) {
+            return Ok((!Arc::ptr_eq(&current, &kept.listing)).then_some(current));
+        }
+        if self.inner.sb.dir_change_count(dkey) == kept.changes {
+            return Ok(None);
+        }
+        Err(())
     }
 
     /// Entries of directory handle `fh` after `offset`: `.`, `..`, then the listing.
@@ -80,8 +110,8 @@ impl Fs {
         offset: u64,
         add: impl FnMut(&DirItem) -> bool,
     ) -> FsResult<()> {
-        let (ino, listing) = self.dir_listing(fh, offset).await?;
-        self.fill_readdir(ino, &listing, offset, add)
+        let (ino, kept) = self.dir_listing(fh, offset).await?;
+        self.fill_readdir(ino, &kept.listing, offset, add)
     }
 
     /// `readdir` when the listing is at hand (see `dir_listing_at_hand`): what the FUSE thread
@@ -93,7 +123,9 @@ impl Fs {
         offset: u64,
         add: impl FnMut(&DirItem) -> bool,
     ) -> Option<FsResult<()>> {
-        self.with_listing_at_hand(fh, offset, |ino, l| self.fill_readdir(ino, l, offset, add))
+        self.with_listing_at_hand(fh, offset, |ino, k| {
+            Some(self.fill_readdir(ino, &k.listing, offset, add))
+        })
     }
 
     /// `fill` over the listing at hand, if any (see `dir_listing_at_hand`).
@@ -101,10 +133,10 @@ impl Fs {
         &self,
         fh: u64,
         offset: u64,
-        fill: impl FnOnce(u64, &Listing) -> FsResult<()>,
+        fill: impl FnOnce(u64, &KeptListing) -> Option<FsResult<()>>,
     ) -> Option<FsResult<()>> {
         match self.dir_listing_at_hand(fh, offset) {
-            Ok(Some((ino, listing))) => Some(fill(ino, &listing)),
+            Ok(Some((ino, kept))) => fill(ino, &kept),
             Ok(None) => None,
             Err(e) => Some(Err(e)),
         }
@@ -151,8 +183,13 @@ impl Fs {
         offset: u64,
         add: impl FnMut(&DirItem, &Entry) -> bool,
     ) -> FsResult<()> {
-        let (ino, listing) = self.dir_listing(fh, offset).await?;
-        self.fill_readdirplus(ino, &listing, offset, add)
+        let (ino, kept) = self.dir_listing(fh, offset).await?;
+        let dir = self.dir_inode(ino)?;
+        let newer = match self.newer_listing_at_hand(&dir.key(), &kept, offset) {
+            Ok(newer) => newer,
+            Err(()) => Some(self.inner.sb.listing(ino).await?),
+        };
+        self.fill_readdirplus(ino, &kept.listing, newer.as_deref(), offset, add)
     }
 
     /// `readdirplus` when the listing is at hand, as `readdir_at_hand`.
@@ -162,15 +199,23 @@ impl Fs {
         offset: u64,
         add: impl FnMut(&DirItem, &Entry) -> bool,
     ) -> Option<FsResult<()>> {
-        self.with_listing_at_hand(fh, offset, |ino, l| {
-            self.fill_readdirplus(ino, l, offset, add)
+        self.with_listing_at_hand(fh, offset, |ino, kept| {
+            let dkey = match self.dir_inode(ino) {
+                Ok(dir) => dir.key(),
+                Err(e) => return Some(Err(e)),
+            };
+            let newer = self.newer_listing_at_hand(&dkey, kept, offset).ok()?;
+            Some(self.fill_readdirplus(ino, &kept.listing, newer.as_deref(), offset, add))
         })
     }
 
+    /// The entries of `listing` from `offset` on, but for names `newer` (see
+    /// `newer_listing_at_hand`) no longer holds.
     fn fill_readdirplus(
         &self,
         ino: u64,
         listing: &Listing,
+        newer: Option<&Listing>,
         offset: u64,
         mut add: impl FnMut(&DirItem, &Entry) -> bool,
     ) -> FsResult<()> {
@@ -182,17 +227,9 @@ impl Fs {
             }
         }
         let dir_key = dir.key();
-        // A listing the handle kept since its first call is older than the directory's
-        // cached one when the directory changed meanwhile: a name unlinked or renamed away
-        // since must not get an inode again (the kernel would keep it for the entry TTL).
-        // At offset 0 the listing is the directory's current one.
-        let newer = (offset > 0)
-            .then(|| self.inner.sb.cached_listing(&dir_key))
-            .flatten()
-            .filter(|current| !std::ptr::eq(current.as_ref(), listing));
         let skip = offset.saturating_sub(2) as usize;
         for (n, e) in (skip..).zip(listing.iter_from(skip)) {
-            if newer.as_ref().is_some_and(|l| l.find(e.name).is_none()) {
+            if newer.is_some_and(|l| l.find(e.name).is_none()) {
                 continue;
             }
             let inode = self.inner.sb.found_listed(&dir_key, e, listing.listed_at);

@@ -772,6 +772,11 @@ impl Superblock {
         Ok(Some((subdirs, n)))
     }
 
+    /// The count of changes made through this mount in directory `dkey` (see `DirChanges`).
+    pub(super) fn dir_change_count(&self, dkey: &str) -> u64 {
+        self.changes.count(dkey)
+    }
+
     /// The cached listing of directory `dkey`, if one is kept.
     pub(super) fn cached_listing(&self, dkey: &str) -> Option<Arc<Listing>> {
         self.listings.as_ref()?.get(dkey)
