@@ -6,7 +6,7 @@
 
 mod mount_support;
 
-use mount_support::{data, Env};
+use mount_support::{data, is_mounted, Env};
 use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -269,13 +269,6 @@ fn read_uncached(path: &Path) {
     f.read_to_end(&mut buf).expect("read");
     // SAFETY: advice on a descriptor we own; no memory is passed.
     unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-}
-
-fn is_mounted(path: &Path) -> bool {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
-    let p = path.to_string_lossy();
-    info.lines()
-        .any(|l| l.split(' ').nth(4) == Some(p.as_ref()))
 }
 
 /// Starts `rapidfs mount` of the test bucket on `mnt` serving metrics on `addr`, with

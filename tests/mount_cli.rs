@@ -4,7 +4,7 @@
 
 mod mount_support;
 
-use mount_support::{data, sha, Env};
+use mount_support::{data, is_mounted, sha, Env};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -13,13 +13,6 @@ const BUCKET: &str = "cli";
 
 fn rapidfs() -> Command {
     Command::new(env!("CARGO_BIN_EXE_rapidfs"))
-}
-
-fn is_mounted(path: &Path) -> bool {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
-    let p = path.to_string_lossy();
-    info.lines()
-        .any(|l| l.split(' ').nth(4) == Some(p.as_ref()))
 }
 
 /// `cmd` to be run as user and group 65534 (nobody), with no other groups.

@@ -7,7 +7,7 @@
 
 mod mount_support;
 
-use mount_support::{data, sha, Env};
+use mount_support::{data, is_mounted, sha, Env};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -46,13 +46,6 @@ fn helper_link(tag: &str) -> (String, Link) {
     let name = format!("rapidfs-t{}-{tag}", std::process::id());
     let link = Link::new(Path::new("/sbin").join(format!("mount.fuse.{name}")));
     (format!("fuse.{name}"), link)
-}
-
-fn is_mounted(path: &Path) -> bool {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
-    let p = path.to_string_lossy();
-    info.lines()
-        .any(|l| l.split(' ').nth(4) == Some(p.as_ref()))
 }
 
 /// The pid of the rapidfs daemon started as `fstype` serving `mnt` (its command line names

@@ -142,10 +142,12 @@ fn spawn_daemon(env: &Env, mnt: &Path, extra: &[&str]) -> (std::process::Child, 
         .expect("rapidfs mount starts");
     let sock = rapidfs::control::socket_path(mnt);
     let start = std::time::Instant::now();
-    while !sock.exists() {
+    // The control socket may come up before the kernel mount does: a path under `mnt` read
+    // in between is the empty directory beneath.
+    while !sock.exists() || !mount_support::is_mounted(mnt) {
         assert!(
             start.elapsed() < Duration::from_secs(20),
-            "no control socket at {}",
+            "no control socket at {} or no mount",
             sock.display()
         );
         std::thread::sleep(Duration::from_millis(20));

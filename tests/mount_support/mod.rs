@@ -151,6 +151,14 @@ impl Drop for Mount {
     }
 }
 
+/// Whether a filesystem is mounted on `path` (as /proc/self/mountinfo spells it).
+pub fn is_mounted(path: &Path) -> bool {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    let p = path.to_string_lossy();
+    info.lines()
+        .any(|l| l.split(' ').nth(4) == Some(p.as_ref()))
+}
+
 pub fn sha(data: &[u8]) -> [u8; 32] {
     Sha256::digest(data).into()
 }
