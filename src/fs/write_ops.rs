@@ -176,8 +176,9 @@ impl Fs {
         self.inner.writes.write(&fw, Some(offset), data).await
     }
 
-    /// Writes `data` at the end of handle `fh`'s file as the object has it, whatever size the
-    /// caller last saw: an O_APPEND write.
+    /// Writes `data` at the end of handle `fh`'s file as its writer knows it (the object's,
+    /// learnt at the takeover, or the staged copy's), whatever size the caller last saw: an
+    /// O_APPEND write.
     pub async fn append(&self, fh: u64, data: Bytes) -> FsResult<u32> {
         self.writable()?;
         let fw = self.inner.handles.writer(fh).ok_or(Errno::EBADF)?;

@@ -654,9 +654,10 @@ impl Filesystem for FuseAdapter {
         let data = self.write_buffers.copy(data);
         let fs = self.fs.clone();
         // The kernel's offset for an O_APPEND write is the size it last saw, which another
-        // mount's appends may have left behind: the write goes to the object's end instead.
-        // (Pages the kernel cached at its offset meanwhile are dropped at the next open,
-        // whose identity differs.)
+        // mount's appends may have left behind: the write goes to the end the file's writer
+        // knows instead. (Pages the kernel cached at its own offset stay until the next open,
+        // whose identity differs, or a size refresh; descriptors open meanwhile may read
+        // them there.)
         let append = flags.0 & libc::O_APPEND != 0;
         self.answer_soon(async move {
             let written = if append {
