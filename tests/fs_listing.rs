@@ -372,6 +372,50 @@ fn a_listing_that_overtakes_a_create_still_shows_the_file() {
     });
 }
 
+/// A name renamed away between two readdirplus calls of one handle is left out like an
+/// unlinked one, and a name unlinked and then created again is listed.
+#[test]
+fn readdirplus_leaves_out_a_name_renamed_away_but_lists_one_made_again() {
+    let env = FsEnv::new("b", |_| {});
+    for name in ["a", "b", "c", "d", "e"] {
+        env.put(name, b"x");
+    }
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let fh = fs.opendir(ROOT_INO).expect("opendir");
+        let mut names = Vec::new();
+        let mut next = 0;
+        fs.readdirplus(fh, 0, |item, _| {
+            if names.len() == 3 {
+                return true;
+            }
+            names.push(item.name.to_string());
+            next = item.offset;
+            false
+        })
+        .await
+        .expect("first page");
+        fs.rename(ROOT_INO, "b", ROOT_INO, "z", 0)
+            .await
+            .expect("rename");
+        fs.unlink(ROOT_INO, "d").await.expect("unlink");
+        let (_, made) = fs
+            .create(ROOT_INO, "d", libc::O_WRONLY)
+            .await
+            .expect("create again");
+        fs.flush(made.fh).await.expect("close");
+        fs.release_write(made.fh).await;
+        fs.readdirplus(fh, next, |item, _| {
+            names.push(item.name.to_string());
+            false
+        })
+        .await
+        .expect("the rest");
+        fs.releasedir(fh);
+        assert_eq!(names, [".", "..", "a", "c", "d", "e"]);
+    });
+}
+
 /// As above with no listing of the directory cached by the second call (here: none is kept
 /// at all): the unlinked name is still not listed.
 #[test]

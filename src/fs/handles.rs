@@ -10,6 +10,7 @@ use super::write::FileWriter;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 /// What a handle number stands for.
 enum Open {
@@ -28,13 +29,12 @@ enum Open {
     },
 }
 
-/// The listing a directory handle reads past offset 0, and its directory's change count
-/// (`DirChanges`) from before it was taken: a count that moved since says the listing may
-/// hold names removed through this mount meanwhile.
+/// The listing a directory handle reads past offset 0, and when the handle set out to take
+/// it: names removed through this mount since (`RemovedNames`) may still be in it.
 #[derive(Clone)]
 pub(super) struct KeptListing {
     pub listing: Arc<Listing>,
-    pub changes: u64,
+    pub taken_at: Instant,
 }
 
 /// What a file handle reads through.

@@ -27,6 +27,7 @@ mod prefetch;
 mod read;
 mod readdir;
 mod reclaim;
+mod removed_names;
 mod seq;
 mod staging;
 mod superblock;

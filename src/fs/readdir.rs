@@ -6,7 +6,8 @@ use super::error::{Errno, FsResult};
 use super::handles::KeptListing;
 use super::listing::Listing;
 use super::{names, Entry, Fs, Kind};
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::time::Instant;
 
 /// One entry of a directory read, borrowing its name from the listing.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,10 +55,10 @@ impl Fs {
             return Ok(found);
         }
         let (ino, _) = self.inner.handles.dir(fh).ok_or(Errno::EBADF)?;
-        let changes = self.inner.sb.dir_change_count(&self.dir_inode(ino)?.key());
+        let taken_at = Instant::now();
         let kept = KeptListing {
             listing: self.inner.sb.listing(ino).await?,
-            changes,
+            taken_at,
         };
         self.inner.handles.set_dir_listing(fh, kept.clone());
         Ok((ino, kept))
@@ -71,36 +72,14 @@ impl Fs {
             return Ok(Some((ino, k)));
         }
         let dkey = self.dir_inode(ino)?.key();
-        let changes = self.inner.sb.dir_change_count(&dkey);
+        // Read before the listing is: a name the listing still holds was removed later.
+        let taken_at = Instant::now();
         let Some(listing) = self.inner.sb.cached_listing(&dkey) else {
             return Ok(None);
         };
-        let kept = KeptListing { listing, changes };
+        let kept = KeptListing { listing, taken_at };
         self.inner.handles.set_dir_listing(fh, kept.clone());
         Ok(Some((ino, kept)))
-    }
-
-    /// What a kept listing past offset 0 must be checked against: the directory's cached
-    /// listing where it is newer, or, where none is cached but the directory changed through
-    /// this mount since, a new listing (`Err(())`: that takes a call). Names the kept listing
-    /// holds and the newer one lacks were unlinked or renamed away since, and must not get an
-    /// inode again: the kernel would keep it for the entry TTL.
-    fn newer_listing_at_hand(
-        &self,
-        dkey: &str,
-        kept: &KeptListing,
-        offset: u64,
-    ) -> Result<Option<Arc<Listing>>, ()> {
-        if offset == 0 {
-            return Ok(None);
-        }
-        if let Some(current) = self.inner.sb.cached_listing(dkey) {
-            return Ok((!Arc::ptr_eq(&current, &kept.listing)).then_some(current));
-        }
-        if self.inner.sb.dir_change_count(dkey) == kept.changes {
-            return Ok(None);
-        }
-        Err(())
     }
 
     /// Entries of directory handle `fh` after `offset`: `.`, `..`, then the listing.
@@ -124,7 +103,7 @@ impl Fs {
         add: impl FnMut(&DirItem) -> bool,
     ) -> Option<FsResult<()>> {
         self.with_listing_at_hand(fh, offset, |ino, k| {
-            Some(self.fill_readdir(ino, &k.listing, offset, add))
+            self.fill_readdir(ino, &k.listing, offset, add)
         })
     }
 
@@ -133,10 +112,10 @@ impl Fs {
         &self,
         fh: u64,
         offset: u64,
-        fill: impl FnOnce(u64, &KeptListing) -> Option<FsResult<()>>,
+        fill: impl FnOnce(u64, &KeptListing) -> FsResult<()>,
     ) -> Option<FsResult<()>> {
         match self.dir_listing_at_hand(fh, offset) {
-            Ok(Some((ino, kept))) => fill(ino, &kept),
+            Ok(Some((ino, kept))) => Some(fill(ino, &kept)),
             Ok(None) => None,
             Err(e) => Some(Err(e)),
         }
@@ -184,12 +163,7 @@ impl Fs {
         add: impl FnMut(&DirItem, &Entry) -> bool,
     ) -> FsResult<()> {
         let (ino, kept) = self.dir_listing(fh, offset).await?;
-        let dir = self.dir_inode(ino)?;
-        let newer = match self.newer_listing_at_hand(&dir.key(), &kept, offset) {
-            Ok(newer) => newer,
-            Err(()) => Some(self.inner.sb.listing(ino).await?),
-        };
-        self.fill_readdirplus(ino, &kept.listing, newer.as_deref(), offset, add)
+        self.fill_readdirplus(ino, &kept, offset, add)
     }
 
     /// `readdirplus` when the listing is at hand, as `readdir_at_hand`.
@@ -200,25 +174,21 @@ impl Fs {
         add: impl FnMut(&DirItem, &Entry) -> bool,
     ) -> Option<FsResult<()>> {
         self.with_listing_at_hand(fh, offset, |ino, kept| {
-            let dkey = match self.dir_inode(ino) {
-                Ok(dir) => dir.key(),
-                Err(e) => return Some(Err(e)),
-            };
-            let newer = self.newer_listing_at_hand(&dkey, kept, offset).ok()?;
-            Some(self.fill_readdirplus(ino, &kept.listing, newer.as_deref(), offset, add))
+            self.fill_readdirplus(ino, kept, offset, add)
         })
     }
 
-    /// The entries of `listing` from `offset` on, but for names `newer` (see
-    /// `newer_listing_at_hand`) no longer holds.
+    /// The entries of the kept listing from `offset` on, but for names removed through this
+    /// mount since the handle took it: the kernel would keep the inode of such a name, and
+    /// show the name, for the entry TTL. (At offset 0 the listing was just taken.)
     fn fill_readdirplus(
         &self,
         ino: u64,
-        listing: &Listing,
-        newer: Option<&Listing>,
+        kept: &KeptListing,
         offset: u64,
         mut add: impl FnMut(&DirItem, &Entry) -> bool,
     ) -> FsResult<()> {
+        let listing = &kept.listing;
         let dir = self.dir_inode(ino)?;
         for item in dots(ino, offset) {
             // The kernel takes no lookup on `.` and `..`.
@@ -227,9 +197,14 @@ impl Fs {
             }
         }
         let dir_key = dir.key();
+        let removed = if offset > 0 {
+            self.inner.sb.names_removed_since(&dir_key, kept.taken_at)
+        } else {
+            HashSet::new()
+        };
         let skip = offset.saturating_sub(2) as usize;
         for (n, e) in (skip..).zip(listing.iter_from(skip)) {
-            if newer.is_some_and(|l| l.find(e.name).is_none()) {
+            if removed.contains(e.name) {
                 continue;
             }
             let inode = self.inner.sb.found_listed(&dir_key, e, listing.listed_at);

@@ -10,11 +10,12 @@ use super::error::{self, Errno, FsResult};
 use super::inode::{Inode, InodeTable, Kind, ObjMeta, PENDING_GENERATION};
 use super::list_parallel::list_request;
 use super::listing::{EntryRef, Listing};
+use super::removed_names::RemovedNames;
 use super::unanswered::{self, Unanswered};
 use super::{lock, names};
 use crate::config::FsConfig;
 use crate::gcs::{self, Client, ListRequest};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -253,6 +254,9 @@ pub(super) struct Superblock {
     /// per directory: a listing is cached only if its directory did not change while it was
     /// taken (see `keep_listing`).
     changes: Arc<DirChanges>,
+    /// Names removed through this mount lately, which directory handles reading on from an
+    /// older listing leave out.
+    removed_names: RemovedNames,
     /// Directory renames so far: each drops every cached listing at once, and an edit that
     /// read a listing before one must not put it back.
     dir_renames: AtomicU64,
@@ -281,6 +285,7 @@ impl Superblock {
             negative_ttl: ms(fs.negative_ttl_ms),
             warnings: Arc::default(),
             changes: Arc::default(),
+            removed_names: RemovedNames::default(),
             dir_renames: AtomicU64::new(0),
             unanswered: Arc::default(),
         }
@@ -772,9 +777,9 @@ impl Superblock {
         Ok(Some((subdirs, n)))
     }
 
-    /// The count of changes made through this mount in directory `dkey` (see `DirChanges`).
-    pub(super) fn dir_change_count(&self, dkey: &str) -> u64 {
-        self.changes.count(dkey)
+    /// The names of directory `dkey` removed through this mount at `since` or later.
+    pub(super) fn names_removed_since(&self, dkey: &str, since: Instant) -> HashSet<String> {
+        self.removed_names.since(dkey, since)
     }
 
     /// The cached listing of directory `dkey`, if one is kept.
@@ -790,6 +795,9 @@ impl Superblock {
         self.dir_changed(parent);
         if let Some(c) = &self.negative {
             c.invalidate(&(parent, entry.name.to_string()));
+        }
+        if let Ok(dir) = self.inode(parent) {
+            self.removed_names.exists(&dir.key(), &entry.name);
         }
         self.edit_listing(parent, |l| l.with(&entry));
     }
@@ -840,12 +848,21 @@ impl Superblock {
             // An object of the same name, hidden by the directory until now, may show: the
             // parent is listed again rather than edited.
             self.name_changed(parent, name);
-            return;
+        } else {
+            if let Some(c) = &self.negative {
+                c.invalidate(&(parent, name.to_string()));
+            }
+            self.edit_listing(parent, |l| l.without(name));
         }
-        if let Some(c) = &self.negative {
-            c.invalidate(&(parent, name.to_string()));
+        self.note_removed(parent, name);
+    }
+
+    /// Records name `name` of `parent` as removed, once its cached listing no longer holds
+    /// it (see `RemovedNames::removed`).
+    fn note_removed(&self, parent: u64, name: &str) {
+        if let Ok(dir) = self.inode(parent) {
+            self.removed_names.removed(&dir.key(), name);
         }
-        self.edit_listing(parent, |l| l.without(name));
     }
 
     /// Event: `from` (name `name` of `parent`) is now `to` (name `newname` of `newparent`);
@@ -871,6 +888,10 @@ impl Superblock {
         }
         self.name_changed(parent, name);
         self.name_changed(newparent, newname);
+        self.note_removed(parent, name);
+        if let Ok(dir) = self.inode(newparent) {
+            self.removed_names.exists(&dir.key(), newname);
+        }
     }
 
     /// Event: file `inode` was written (its size changed): its directory's cached listing,
