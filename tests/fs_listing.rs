@@ -372,6 +372,68 @@ fn a_listing_that_overtakes_a_create_still_shows_the_file() {
     });
 }
 
+/// Names `a` to `e` read through one directory handle with readdirplus: the first call
+/// takes `.`, `..` and `a`; `between` runs; a second call takes the rest. Every name listed.
+async fn readdirplus_around(
+    env: &FsEnv,
+    between: impl std::future::Future<Output = ()>,
+) -> Vec<String> {
+    let fs = &env.fs;
+    let fh = fs.opendir(ROOT_INO).expect("opendir");
+    let mut names = Vec::new();
+    let mut next = 0;
+    fs.readdirplus(fh, 0, |item, _| {
+        if names.len() == 3 {
+            return true;
+        }
+        names.push(item.name.to_string());
+        next = item.offset;
+        false
+    })
+    .await
+    .expect("first page");
+    assert_eq!(names, [".", "..", "a"]);
+    between.await;
+    fs.readdirplus(fh, next, |item, _| {
+        names.push(item.name.to_string());
+        false
+    })
+    .await
+    .expect("the rest");
+    fs.releasedir(fh);
+    names
+}
+
+/// An ls -l whose directory read takes several calls while a name in the directory is
+/// unlinked: the handle's listing, taken at the first call, does not give the unlinked name
+/// an inode again, which the kernel would then keep for the entry TTL. Whether or not the
+/// directory's listing is cached (a list TTL of 0 keeps none).
+#[test]
+fn readdirplus_does_not_bring_back_a_name_unlinked_meanwhile() {
+    for list_ttl_ms in [60_000, 0] {
+        let env = FsEnv::new("b", |c| c.fs.list_ttl_ms = list_ttl_ms);
+        for name in ["a", "b", "c", "d", "e"] {
+            env.put(name, b"x");
+        }
+        let fs = &env.fs;
+        env.rt.block_on(async {
+            let names = readdirplus_around(&env, async {
+                fs.unlink(ROOT_INO, "d").await.expect("unlink");
+            })
+            .await;
+            assert_eq!(
+                names,
+                [".", "..", "a", "b", "c", "e"],
+                "list TTL {list_ttl_ms}"
+            );
+            assert_eq!(
+                fs.lookup(ROOT_INO, "d").await.map(|_| ()),
+                Err(Errno::ENOENT)
+            );
+        });
+    }
+}
+
 /// A name renamed away between two readdirplus calls of one handle is left out like an
 /// unlinked one, and a name unlinked and then created again is listed.
 #[test]
@@ -382,113 +444,19 @@ fn readdirplus_leaves_out_a_name_renamed_away_but_lists_one_made_again() {
     }
     let fs = &env.fs;
     env.rt.block_on(async {
-        let fh = fs.opendir(ROOT_INO).expect("opendir");
-        let mut names = Vec::new();
-        let mut next = 0;
-        fs.readdirplus(fh, 0, |item, _| {
-            if names.len() == 3 {
-                return true;
-            }
-            names.push(item.name.to_string());
-            next = item.offset;
-            false
+        let names = readdirplus_around(&env, async {
+            fs.rename(ROOT_INO, "b", ROOT_INO, "z", 0)
+                .await
+                .expect("rename");
+            fs.unlink(ROOT_INO, "d").await.expect("unlink");
+            let (_, made) = fs
+                .create(ROOT_INO, "d", libc::O_WRONLY)
+                .await
+                .expect("create again");
+            fs.flush(made.fh).await.expect("close");
+            fs.release_write(made.fh).await;
         })
-        .await
-        .expect("first page");
-        fs.rename(ROOT_INO, "b", ROOT_INO, "z", 0)
-            .await
-            .expect("rename");
-        fs.unlink(ROOT_INO, "d").await.expect("unlink");
-        let (_, made) = fs
-            .create(ROOT_INO, "d", libc::O_WRONLY)
-            .await
-            .expect("create again");
-        fs.flush(made.fh).await.expect("close");
-        fs.release_write(made.fh).await;
-        fs.readdirplus(fh, next, |item, _| {
-            names.push(item.name.to_string());
-            false
-        })
-        .await
-        .expect("the rest");
-        fs.releasedir(fh);
+        .await;
         assert_eq!(names, [".", "..", "a", "c", "d", "e"]);
-    });
-}
-
-/// As above with no listing of the directory cached by the second call (here: none is kept
-/// at all): the unlinked name is still not listed.
-#[test]
-fn readdirplus_does_not_bring_back_a_name_unlinked_meanwhile_without_a_cached_listing() {
-    let env = FsEnv::new("b", |c| c.fs.list_ttl_ms = 0);
-    for name in ["a", "b", "c", "d", "e"] {
-        env.put(name, b"x");
-    }
-    let fs = &env.fs;
-    env.rt.block_on(async {
-        let fh = fs.opendir(ROOT_INO).expect("opendir");
-        let mut names = Vec::new();
-        let mut next = 0;
-        fs.readdirplus(fh, 0, |item, _| {
-            if names.len() == 3 {
-                return true;
-            }
-            names.push(item.name.to_string());
-            next = item.offset;
-            false
-        })
-        .await
-        .expect("first page");
-        assert_eq!(names, [".", "..", "a"]);
-        fs.unlink(ROOT_INO, "d").await.expect("unlink");
-        fs.readdirplus(fh, next, |item, _| {
-            names.push(item.name.to_string());
-            false
-        })
-        .await
-        .expect("the rest");
-        fs.releasedir(fh);
-        assert_eq!(names, [".", "..", "a", "b", "c", "e"]);
-    });
-}
-
-/// A directory read in several READDIRPLUS calls (as `ls -l` does) while a name in it is
-/// unlinked: the handle's listing, taken at the first call, does not give the unlinked name
-/// an inode again, which the kernel would then keep for the entry TTL.
-#[test]
-fn readdirplus_does_not_bring_back_a_name_unlinked_meanwhile() {
-    let env = FsEnv::new("b", |_| {});
-    for name in ["a", "b", "c", "d", "e"] {
-        env.put(name, b"x");
-    }
-    let fs = &env.fs;
-    env.rt.block_on(async {
-        let fh = fs.opendir(ROOT_INO).expect("opendir");
-        let mut names = Vec::new();
-        let mut next = 0;
-        fs.readdirplus(fh, 0, |item, _| {
-            if names.len() == 3 {
-                return true;
-            }
-            names.push(item.name.to_string());
-            next = item.offset;
-            false
-        })
-        .await
-        .expect("first page");
-        assert_eq!(names, [".", "..", "a"]);
-        fs.unlink(ROOT_INO, "d").await.expect("unlink");
-        fs.readdirplus(fh, next, |item, _| {
-            names.push(item.name.to_string());
-            false
-        })
-        .await
-        .expect("the rest");
-        fs.releasedir(fh);
-        assert!(!names.iter().any(|n| n == "d"), "listed: {names:?}");
-        assert_eq!(
-            fs.lookup(ROOT_INO, "d").await.map(|_| ()),
-            Err(Errno::ENOENT)
-        );
     });
 }
