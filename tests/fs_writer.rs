@@ -908,9 +908,19 @@ fn an_append_goes_past_what_a_lagging_stat_leaves_out() {
     let env = FsEnv::new("b", |_| {});
     let fs = &env.fs;
     env.rt.block_on(async {
-        let (_, fh) = opened_with_a_lagging_stat(&env, "f").await;
-        fs.append(fh, vec![2u8; 10].into()).await.expect("append");
-        fs.append(fh, vec![3u8; 5].into()).await.expect("append");
+        let (ino, fh) = opened_with_a_lagging_stat(&env, "f").await;
+        // The offsets a kernel that took the stat's size would choose.
+        fs.append(fh, 0, vec![2u8; 10].into())
+            .await
+            .expect("append");
+        fs.append(fh, 10, vec![3u8; 5].into())
+            .await
+            .expect("append");
+        assert_eq!(
+            fs.pages_to_drop(),
+            [ino],
+            "the kernel cached them elsewhere"
+        );
         closed_and_stat_exact(&env, fh).await;
         let mut want = vec![7u8; 1000];
         want.extend_from_slice(&[2u8; 10]);

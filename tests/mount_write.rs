@@ -232,6 +232,55 @@ fn an_o_append_write_lands_after_what_another_mount_appended_since() {
     );
 }
 
+/// B's kernel caches an O_APPEND write at the offset it chose; the bytes land at the
+/// object's end past another mount's appends, and B's page cache of the file is dropped
+/// (soon after the reply), so that a descriptor open on B reads what the object holds.
+#[test]
+fn the_page_cache_of_an_o_append_write_that_landed_elsewhere_is_dropped() {
+    use std::os::unix::fs::FileExt;
+    const PAGE: usize = 4096;
+    let env = Env::new(BUCKET);
+    let a = env.mount(BUCKET, &env.config());
+    let b = env.mount(BUCKET, &env.config());
+    let c = client(&env.rt, &env.emu().endpoint());
+    std::fs::write(a.p("p.log"), vec![b'a'; PAGE]).expect("write on A");
+    assert_eq!(
+        std::fs::metadata(b.p("p.log")).expect("stat on B").len(),
+        PAGE as u64
+    );
+    let mut on_a = OpenOptions::new()
+        .append(true)
+        .open(a.p("p.log"))
+        .expect("open O_APPEND on A");
+    on_a.write_all(&[b'b'; PAGE]).expect("append on A");
+    drop(on_a);
+    let mut on_b = OpenOptions::new()
+        .read(true)
+        .append(true)
+        .open(b.p("p.log"))
+        .expect("open O_APPEND on B");
+    on_b.write_all(&[b'c'; PAGE]).expect("append on B");
+    on_b.sync_all().expect("fsync on B");
+    let mut want = vec![b'a'; PAGE];
+    want.extend_from_slice(&[b'b'; PAGE]);
+    want.extend_from_slice(&[b'c'; PAGE]);
+    assert!(bytes(&env.rt, &c, BUCKET, "p.log") == want, "the object");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut second = vec![0u8; PAGE];
+    loop {
+        on_b.read_exact_at(&mut second, PAGE as u64)
+            .expect("pread on B");
+        if second == [b'b'; PAGE] || Instant::now() > deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        second == [b'b'; PAGE],
+        "B's page cache still holds its write at its own offset"
+    );
+}
+
 /// The close(2) of a file's only descriptor ends its write stream; a dup still open writes
 /// on (it takes the object over), in the order the bytes were written. A shell's redirection
 /// closes the descriptor it opened before the command writes through its copy.

@@ -149,6 +149,8 @@ struct Inner {
     writes: write::Writes,
     read_only: bool,
     prefetch: prefetch::Prefetch,
+    /// Files whose kernel page cache an O_APPEND write left wrong (see `Fs::append`).
+    stale_pages: Mutex<std::collections::HashSet<u64>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -182,6 +184,7 @@ impl Fs {
                 entry_ttl: ms(fs.kernel_entry_ttl_ms),
                 attr_ttl: ms(fs.kernel_attr_ttl_ms),
                 handles: handles::Handles::new(),
+                stale_pages: Mutex::default(),
             }),
         }
     }

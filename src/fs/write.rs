@@ -376,14 +376,14 @@ impl Writes {
     }
 
     /// Writes `data` at `offset` through `fw` (at the file's end when `None`, as O_APPEND
-    /// writes): an append at the end streams, anything else goes to a staged copy. EIO once
-    /// the writes are stopped.
+    /// writes): an append at the end streams, anything else goes to a staged copy. The bytes
+    /// written and the offset they went to. EIO once the writes are stopped.
     pub async fn write(
         &self,
         fw: &Arc<FileWriter>,
         offset: Option<u64>,
         data: Bytes,
-    ) -> FsResult<u32> {
+    ) -> FsResult<(u32, u64)> {
         let stopped = self.stopped.read().await;
         if *stopped {
             return Err(Errno::EIO);
@@ -424,7 +424,7 @@ impl Writes {
         fw: &Arc<FileWriter>,
         offset: Option<u64>,
         data: Bytes,
-    ) -> FsResult<u32> {
+    ) -> FsResult<(u32, u64)> {
         let len = u32::try_from(data.len()).map_err(|_| Errno::EINVAL)?;
         let key = fw.inode.key();
         let mut st = fw.state.lock().await;
@@ -462,7 +462,7 @@ impl Writes {
                 }
                 held.settle(w.written().saturating_sub(w.persisted()));
                 fw.size.store(w.written(), Ordering::Release);
-                Ok(len)
+                Ok((len, offset))
             }
             State::Staged(s) => {
                 if let Err(e) = s.file.write_at(offset, data, &key).await {
@@ -473,7 +473,7 @@ impl Writes {
                 }
                 s.dirty = true;
                 fw.size.store(s.file.size(), Ordering::Release);
-                Ok(len)
+                Ok((len, offset))
             }
             State::Failed(e) => Err(*e),
             State::Idle { .. } | State::Done => Err(Errno::EBADF),

@@ -5,7 +5,7 @@
 use super::dir::ListedEntry;
 use super::error::{log_err, Errno, FsResult};
 use super::inode::{Inode, Kind, ObjMeta, PENDING_GENERATION};
-use super::{names, read, write, Attr, Entry, Fs, Opened};
+use super::{lock, names, read, write, Attr, Entry, Fs, Opened};
 use bytes::Bytes;
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -173,16 +173,29 @@ impl Fs {
     pub async fn write(&self, fh: u64, offset: u64, data: Bytes) -> FsResult<u32> {
         self.writable()?;
         let fw = self.inner.handles.writer(fh).ok_or(Errno::EBADF)?;
-        self.inner.writes.write(&fw, Some(offset), data).await
+        let (written, _) = self.inner.writes.write(&fw, Some(offset), data).await?;
+        Ok(written)
     }
 
     /// Writes `data` at the end of handle `fh`'s file as its writer knows it (the object's,
     /// learnt at the takeover, or the staged copy's), whatever size the caller last saw: an
-    /// O_APPEND write.
-    pub async fn append(&self, fh: u64, data: Bytes) -> FsResult<u32> {
+    /// O_APPEND write, for which the kernel chose `offset`. Where the bytes went elsewhere,
+    /// the kernel's cached pages of the file hold them at `offset`: the file is listed in
+    /// `pages_to_drop`.
+    pub async fn append(&self, fh: u64, offset: u64, data: Bytes) -> FsResult<u32> {
         self.writable()?;
         let fw = self.inner.handles.writer(fh).ok_or(Errno::EBADF)?;
-        self.inner.writes.write(&fw, None, data).await
+        let (written, at) = self.inner.writes.write(&fw, None, data).await?;
+        if at != offset {
+            lock(&self.inner.stale_pages).insert(fw.written().0.ino);
+        }
+        Ok(written)
+    }
+
+    /// The files whose pages in the kernel's cache may hold bytes where the object does not
+    /// (see `append`), each listed once: the FUSE session asks the kernel to drop them.
+    pub fn pages_to_drop(&self) -> Vec<u64> {
+        lock(&self.inner.stale_pages).drain().collect()
     }
 
     /// Handle `fh`, writing through `fw` and reading past the size its read side opened at,

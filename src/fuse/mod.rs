@@ -655,13 +655,12 @@ impl Filesystem for FuseAdapter {
         let fs = self.fs.clone();
         // The kernel's offset for an O_APPEND write is the size it last saw, which another
         // mount's appends may have left behind: the write goes to the end the file's writer
-        // knows instead. (Pages the kernel cached at its own offset stay until the next open,
-        // whose identity differs, or a size refresh; descriptors open meanwhile may read
-        // them there.)
+        // knows instead, and the pages the kernel cached at its own offset are dropped soon
+        // after the reply (`Fs::pages_to_drop`).
         let append = flags.0 & libc::O_APPEND != 0;
         self.answer_soon(async move {
             let written = if append {
-                fs.append(fh.0, data).await
+                fs.append(fh.0, offset, data).await
             } else {
                 fs.write(fh.0, offset, data).await
             };

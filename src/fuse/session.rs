@@ -345,14 +345,20 @@ impl Mounted {
 }
 
 /// While the session serves: asks the kernel to drop the dentries of the inodes over the cap
-/// (see `Fs::inodes_to_shed`). Off the FUSE thread: the kernel handles a notification under
-/// the directory's lock, which a request in flight may hold.
+/// (see `Fs::inodes_to_shed`), and the cached pages of files an O_APPEND write left wrong
+/// (see `Fs::pages_to_drop`). Off the FUSE thread: the kernel handles a notification under
+/// the directory's lock, or waits for the locks of the pages it drops, which a request in
+/// flight may hold.
 fn shed_inodes(fs: &Fs, notifier: &fuser::Notifier, serving: &AtomicBool) {
     while serving.load(Ordering::Acquire) {
         std::thread::sleep(SHED_INTERVAL);
         for (parent, name) in fs.inodes_to_shed() {
             // ENOENT: the kernel dropped it already; any other error ends with the session.
             let _ = notifier.inval_entry(fuser::INodeNo(parent), std::ffi::OsStr::new(&name));
+        }
+        for ino in fs.pages_to_drop() {
+            // Offset 0, length 0: every page, and the attributes.
+            let _ = notifier.inval_inode(fuser::INodeNo(ino), 0, 0);
         }
     }
 }
