@@ -33,7 +33,7 @@ struct Inner {
 
 impl RemovedNames {
     fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        super::lock(&self.inner)
     }
 
     /// Name `name` of directory `dkey` is gone as of now. Called once the cached listing no
@@ -51,12 +51,13 @@ impl RemovedNames {
         let names = inner.dirs.entry(dkey.to_string()).or_default();
         if names.len() >= MOST_PER_DIR {
             names.retain(|_, at| now.duration_since(*at) < KEEP);
-            if let Some(oldest) = names
+        }
+        if names.len() >= MOST_PER_DIR {
+            let oldest = names
                 .iter()
                 .min_by_key(|(_, at)| **at)
-                .map(|(n, _)| n.clone())
-                .filter(|_| names.len() >= MOST_PER_DIR)
-            {
+                .map(|(n, _)| n.clone());
+            if let Some(oldest) = oldest {
                 names.remove(&oldest);
             }
         }
