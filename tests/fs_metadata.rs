@@ -3,7 +3,7 @@
 
 mod fs_support;
 
-use fs_support::FsEnv;
+use fs_support::{assert_no_entry, FsEnv};
 use rapidfs::fs::{Errno, Kind, ROOT_INO};
 use std::time::Duration;
 
@@ -43,16 +43,10 @@ fn a_missing_name_stays_missing_for_the_negative_ttl_without_a_call() {
     });
     let fs = &env.fs;
     env.rt.block_on(async {
-        assert_eq!(
-            fs.lookup(ROOT_INO, "g").await.map(|_| ()),
-            Err(Errno::ENOENT)
-        );
+        assert_no_entry(fs, ROOT_INO, "g").await;
         env.put("g", b"now here");
         let calls = env.calls();
-        assert_eq!(
-            fs.lookup(ROOT_INO, "g").await.map(|_| ()),
-            Err(Errno::ENOENT)
-        );
+        assert_no_entry(fs, ROOT_INO, "g").await;
         assert_eq!(env.calls(), calls, "answered from the negative cache");
         tokio::time::sleep(TTL + Duration::from_millis(100)).await;
         assert_eq!(fs.lookup(ROOT_INO, "g").await.expect("found").attr.size, 8);
@@ -91,10 +85,10 @@ fn namespace_changes_are_seen_at_once_whatever_the_ttls() {
     env.rt.block_on(async {
         let d = fs.lookup(ROOT_INO, "d").await.expect("d").attr.ino;
         assert!(fs.lookup(d, "a").await.is_ok());
-        assert_eq!(fs.lookup(d, "new").await.map(|_| ()), Err(Errno::ENOENT));
+        assert_no_entry(fs, d, "new").await;
 
         fs.unlink(d, "a").await.expect("unlink");
-        assert_eq!(fs.lookup(d, "a").await.map(|_| ()), Err(Errno::ENOENT));
+        assert_no_entry(fs, d, "a").await;
 
         let (_, opened) = fs.create(d, "new", libc::O_WRONLY).await.expect("create");
         fs.flush(opened.fh).await.expect("close");
@@ -107,7 +101,7 @@ fn namespace_changes_are_seen_at_once_whatever_the_ttls() {
         fs.rename(d, "b", ROOT_INO, "moved", 0)
             .await
             .expect("rename");
-        assert_eq!(fs.lookup(d, "b").await.map(|_| ()), Err(Errno::ENOENT));
+        assert_no_entry(fs, d, "b").await;
         assert_eq!(
             fs.lookup(ROOT_INO, "moved").await.expect("moved").attr.size,
             1
@@ -119,10 +113,7 @@ fn namespace_changes_are_seen_at_once_whatever_the_ttls() {
             Kind::Dir
         );
         fs.rmdir(ROOT_INO, "m").await.expect("rmdir");
-        assert_eq!(
-            fs.lookup(ROOT_INO, "m").await.map(|_| ()),
-            Err(Errno::ENOENT)
-        );
+        assert_no_entry(fs, ROOT_INO, "m").await;
     });
 }
 
@@ -142,16 +133,10 @@ fn a_rename_or_unlink_whose_answer_was_lost_succeeds() {
         fs.rename(ROOT_INO, "a", ROOT_INO, "b", 0)
             .await
             .expect("rename");
-        assert_eq!(
-            fs.lookup(ROOT_INO, "a").await.map(|_| ()),
-            Err(Errno::ENOENT)
-        );
+        assert_no_entry(fs, ROOT_INO, "a").await;
         assert_eq!(fs.lookup(ROOT_INO, "b").await.expect("b").attr.size, 3);
         fs.unlink(ROOT_INO, "c").await.expect("unlink");
-        assert_eq!(
-            fs.lookup(ROOT_INO, "c").await.map(|_| ()),
-            Err(Errno::ENOENT)
-        );
+        assert_no_entry(fs, ROOT_INO, "c").await;
     });
     assert!(env.emu().stats().faults_injected >= 2);
 }
@@ -173,10 +158,7 @@ fn an_empty_directory_with_a_marker_object_is_removed_at_once() {
             Kind::Dir
         );
         fs.rmdir(ROOT_INO, "m").await.expect("rmdir");
-        assert_eq!(
-            fs.lookup(ROOT_INO, "m").await.map(|_| ()),
-            Err(Errno::ENOENT)
-        );
+        assert_no_entry(fs, ROOT_INO, "m").await;
         assert!(!env
             .client
             .folder_exists(&env.bucket, "m/")

@@ -7,7 +7,7 @@
 mod fs_support;
 
 use bytes::Bytes;
-use fs_support::FsEnv;
+use fs_support::{assert_no_entry, FsEnv};
 use rapidfs::config::Config;
 use rapidfs::fs::{Errno, Fs, Kind, ROOT_INO};
 use rapidfs::gcs::Symlink;
@@ -85,10 +85,7 @@ fn a_link_is_made_read_listed_renamed_and_removed() {
         fs.rename(snap, "model.bin", ROOT_INO, "last.ckpt", 0)
             .await
             .expect("rename");
-        assert_eq!(
-            fs.lookup(snap, "model.bin").await.map(|_| ()),
-            Err(Errno::ENOENT)
-        );
+        assert_no_entry(fs, snap, "model.bin").await;
         let moved = fs.lookup(ROOT_INO, "last.ckpt").await.expect("moved");
         assert_eq!(moved.attr.kind, Kind::Symlink);
         assert_eq!(
@@ -117,10 +114,7 @@ fn a_link_is_made_read_listed_renamed_and_removed() {
         assert_eq!(p.attr.kind, Kind::Symlink);
 
         fs.unlink(ROOT_INO, "last.ckpt").await.expect("unlink");
-        assert_eq!(
-            fs.lookup(ROOT_INO, "last.ckpt").await.map(|_| ()),
-            Err(Errno::ENOENT)
-        );
+        assert_no_entry(fs, ROOT_INO, "last.ckpt").await;
         assert!(matches!(
             env.client.get_object("b", "last.ckpt").await,
             Err(rapidfs::gcs::Error::NotFound(_))

@@ -12,6 +12,15 @@ use rapidfs::emulator::Emulator;
 use rapidfs::fs::{Fs, ROOT_INO};
 use rapidfs::gcs::Client;
 
+/// Asserts that `name` in directory `parent` is not found (ENOENT).
+pub async fn assert_no_entry(fs: &Fs, parent: u64, name: &str) {
+    assert_eq!(
+        fs.lookup(parent, name).await.map(|_| ()),
+        Err(rapidfs::fs::Errno::ENOENT),
+        "{name} is still found"
+    );
+}
+
 /// An emulator, a runtime and an `Fs` over one bucket of it.
 pub struct FsEnv {
     env: Env,
