@@ -28,8 +28,8 @@ pub struct Faults {
     pub redirect_every: Option<u64>,
     /// Chunks of random size (1 B..=2 MiB), interleaved read_ids, trailing empty chunks after range_end.
     pub chaos: bool,
-    /// Refuse (FAILED_PRECONDITION) a `WriteObjectSpec` that would replace an unfinalized
-    /// appendable object, as some servers do; clients must delete it first.
+    /// Refuse (FAILED_PRECONDITION) a `WriteObjectSpec` or a `MoveObject` that would replace
+    /// an unfinalized appendable object, as some servers do; clients must delete it first.
     pub refuse_replace_unfinalized: bool,
     /// HTTP/2 flow-control window of every stream, in KiB (four times that for a
     /// connection), instead of the large one loopback affords: a writer then waits for

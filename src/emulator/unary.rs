@@ -156,6 +156,7 @@ impl Service {
             .unary(req.metadata(), "bucket", &req.get_ref().bucket)
             .await?;
         let r = req.into_inner();
+        self.refuse_replacing_unfinalized(&bucket, &r.destination_object)?;
         let e = self.store.move_object(
             &bucket,
             &r.source_object,

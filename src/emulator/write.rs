@@ -84,16 +84,7 @@ impl Service {
                 if let Some(token) = self.calls.faults.redirect(presented.as_deref()) {
                     return Err(self.redirect(token, None));
                 }
-                if self.calls.faults.get().refuse_replace_unfinalized {
-                    let live = self.store.get(&bucket, &resource.name, 0).ok();
-                    if live.is_some_and(|e| e.content.state().finalized.is_none()) {
-                        add(&self.calls.stats.faults_injected, 1);
-                        return Err(Status::failed_precondition(format!(
-                            "injected fault: {:?} is an unfinalized appendable object and cannot be replaced; delete it first",
-                            resource.name
-                        )));
-                    }
-                }
+                self.refuse_replacing_unfinalized(&bucket, &resource.name)?;
                 let metadata: CustomMetadata = resource
                     .metadata
                     .iter()
@@ -188,6 +179,26 @@ impl Service {
         };
         tokio::spawn(session.run(first, target, incoming));
         Ok(Response::new(stream))
+    }
+
+    /// The `refuse_replace_unfinalized` fault: refuses (FAILED_PRECONDITION) a write or move
+    /// onto `name` while its live object is unfinalized.
+    pub(crate) fn refuse_replacing_unfinalized(
+        &self,
+        bucket: &str,
+        name: &str,
+    ) -> Result<(), Status> {
+        if !self.calls.faults.get().refuse_replace_unfinalized {
+            return Ok(());
+        }
+        let live = self.store.get(bucket, name, 0).ok();
+        if live.is_some_and(|e| e.content.state().finalized.is_none()) {
+            add(&self.calls.stats.faults_injected, 1);
+            return Err(Status::failed_precondition(format!(
+                "injected fault: {name:?} is an unfinalized appendable object and cannot be replaced; delete it first"
+            )));
+        }
+        Ok(())
     }
 
     fn redirect(&self, token: String, writer: Option<&ContentWriter>) -> Status {
