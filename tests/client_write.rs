@@ -1,6 +1,7 @@
 //! Client write path against the in-process emulator: appends with flushes, close and
-//! takeover, fencing of the first writer, and resuming through cuts, redirects and
-//! UNAVAILABLE with nothing lost or duplicated.
+//! takeover, fencing of the first writer, resuming through cuts, redirects and
+//! UNAVAILABLE with nothing lost or duplicated, and whole-object uploads that replace their
+//! object only once complete.
 
 mod client_common;
 
@@ -181,6 +182,97 @@ async fn whole_object_uploads_follow_redirects() {
     emu.set_faults(Faults::default());
     assert!(read_all(&c, "u").await == src);
     assert_eq!(emu.stats().missing_routing_header, 0);
+}
+
+/// Every object name in the bucket.
+async fn names(c: &Client) -> Vec<String> {
+    let page = c
+        .list_page(BUCKET, &rapidfs::gcs::ListRequest::default())
+        .await
+        .unwrap();
+    page.objects.into_iter().map(|o| o.name).collect()
+}
+
+/// A zonal bucket takes only appendable objects, which are live from their first byte: a
+/// whole-object upload over an existing object still replaces it at once, complete. While
+/// the new version's bytes crawl in over a slow link the name keeps serving the old one;
+/// then it serves the new one, and nothing else is left in the bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_object_upload_replaces_its_object_only_once_complete() {
+    let emu = emulator(Faults::default()).await;
+    let c = client(&emu).await;
+    let old = c
+        .put_object(BUCKET, "d/v", data(100, 1), Default::default(), Some(0))
+        .await
+        .unwrap();
+    emu.set_faults(Faults {
+        write_kib_per_s: Some(2048),
+        ..Faults::default()
+    });
+    let new = data(2 * MIB, 2);
+    let upload = {
+        let (c, new) = (c.clone(), new.clone());
+        tokio::spawn(async move {
+            c.put_object(BUCKET, "d/v", new, Default::default(), Some(old.generation))
+                .await
+        })
+    };
+    let mut seen_during = 0;
+    while !upload.is_finished() {
+        let live = c.get_object(BUCKET, "d/v").await.unwrap();
+        if !upload.is_finished() {
+            assert_eq!((live.generation, live.size), (old.generation, 100));
+            seen_during += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        seen_during >= 5,
+        "only {seen_during} looks during the upload"
+    );
+    let done = upload.await.unwrap().unwrap();
+    emu.set_faults(Faults::default());
+    assert_eq!(done.size, new.len() as u64);
+    assert!(done.finalized);
+    assert!(read_all(&c, "d/v").await == new);
+    assert_eq!(names(&c).await, ["d/v"]);
+}
+
+/// An upload whose generation precondition fails changes nothing, and leaves nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_whose_precondition_fails_leaves_nothing_behind() {
+    let emu = emulator(Faults::default()).await;
+    let c = client(&emu).await;
+    let old = c
+        .put_object(BUCKET, "v", data(100, 1), Default::default(), None)
+        .await
+        .unwrap();
+    let refused = c
+        .put_object(
+            BUCKET,
+            "v",
+            data(200, 2),
+            Default::default(),
+            Some(old.generation + 1),
+        )
+        .await;
+    assert!(
+        matches!(refused, Err(Error::PreconditionFailed(_))),
+        "{refused:?}"
+    );
+    let created_twice = c
+        .put_object(BUCKET, "v", data(200, 2), Default::default(), Some(0))
+        .await;
+    assert!(
+        matches!(created_twice, Err(Error::PreconditionFailed(_))),
+        "{created_twice:?}"
+    );
+    assert_eq!(
+        c.get_object(BUCKET, "v").await.unwrap().generation,
+        old.generation
+    );
+    assert!(read_all(&c, "v").await == data(100, 1));
+    assert_eq!(names(&c).await, ["v"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -887,7 +887,14 @@ impl Writes {
             .await;
         let meta = match uploaded {
             Ok(m) => m,
-            Err(gcs::Error::PreconditionFailed(why)) => self.replace_refused(&key, s, &why).await?,
+            Err(gcs::Error::PreconditionFailed(why)) => {
+                tracing::warn!(
+                    path = &*key,
+                    reason = why,
+                    "object replaced since it was staged: not overwritten"
+                );
+                return Err(Errno::ESTALE);
+            }
             Err(e) => return Err(log_err("upload", &key, &e)),
         };
         s.base = meta.generation;
@@ -895,58 +902,6 @@ impl Writes {
         fw.inode.replace(ObjMeta::from(&meta));
         fw.size.store(meta.size, Ordering::Release);
         Ok(())
-    }
-
-    /// The upload's generation precondition failed. Either the object changed since it was
-    /// staged (ESTALE), or the service refuses to replace an unfinalized appendable object.
-    /// In the second case the new version goes to a temporary object in the same folder first
-    /// (so a failure from here on never leaves the name without a complete object), then the
-    /// old generation is deleted (by generation: only the one we staged from) and the
-    /// temporary object moved into place (only if the name is still free).
-    async fn replace_refused(&self, key: &str, s: &Staged, why: &str) -> FsResult<ObjectMeta> {
-        let live = match self.client.get_object(&self.bucket, key).await {
-            Ok(m) => m,
-            Err(e) => return Err(log_err("upload", key, &e)),
-        };
-        if live.generation != s.base || live.finalized {
-            tracing::warn!(
-                path = key,
-                reason = why,
-                "object replaced since it was staged: not overwritten"
-            );
-            return Err(Errno::ESTALE);
-        }
-        let folder = key.rfind('/').map_or("", |i| &key[..=i]);
-        let tmp = format!("{folder}.rapidfs-replace-{:016x}", rand::random::<u64>());
-        tracing::debug!(
-            path = key,
-            tmp,
-            "service refuses to replace an unfinalized object: upload aside, delete, move"
-        );
-        let (file, len) = (s.file.file(), s.file.size());
-        let uploaded = self
-            .client
-            .upload_file(&self.bucket, &tmp, file, len, Some(0))
-            .await
-            .map_err(|e| log_err("upload", &tmp, &e))?;
-        if let Err(e) = self
-            .client
-            .delete_object(&self.bucket, key, Some(s.base))
-            .await
-        {
-            let _ = self.client.delete_object(&self.bucket, &tmp, None).await;
-            return Err(match e {
-                gcs::Error::NotFound(_) | gcs::Error::PreconditionFailed(_) => Errno::ESTALE,
-                e => log_err("upload", key, &e),
-            });
-        }
-        self.client
-            .move_object(&self.bucket, &tmp, key, Some((&uploaded).into()), Some(0))
-            .await
-            .map_err(|e| {
-                tracing::error!(path = key, saved_as = tmp, error = %e, "the new version could not be moved into place; it is kept under the temporary name");
-                Errno::EIO
-            })
     }
 
     /// The bytes at `offset` of rewrite `fw` for a reader that opened during it (see

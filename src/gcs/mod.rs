@@ -1,5 +1,5 @@
-//! The client side of the wire: channel and auth, bidi reader, appendable writer, unary calls
-//! and the retry policy. Knows nothing of FUSE.
+//! The client side of the wire: channel and auth, bidi reader, appendable writer, whole-object
+//! uploads, unary calls and the retry policy. Knows nothing of FUSE.
 //!
 //! `Client` is the entry point (cheap to clone); it hands out `BidiReader` sessions for many
 //! concurrent ranges on one `BidiReadObject` stream and `AppendWriter` sessions on one
@@ -155,7 +155,14 @@ impl Client {
         object: &str,
         if_generation_match: Option<i64>,
     ) -> Result<AppendWriter> {
-        AppendWriter::create(self.clone(), bucket, object, if_generation_match).await
+        AppendWriter::create(
+            self.clone(),
+            bucket,
+            object,
+            if_generation_match,
+            Default::default(),
+        )
+        .await
     }
 
     /// New appendable object, replacing any object of that name, without waiting for the
@@ -184,27 +191,6 @@ pub(crate) fn bucket_path(bucket: &str) -> String {
 /// `gs://bucket/object`, how errors name what they were about.
 pub(crate) fn object_url(bucket: &str, object: &str) -> String {
     format!("gs://{bucket}/{object}")
-}
-
-/// The `WriteObjectSpec` of a new object with custom `metadata`, the part every upload
-/// shares; callers add what kind of upload it is (appendable, or the size of a one-shot
-/// upload).
-pub(crate) fn write_spec(
-    bucket: &str,
-    object: &str,
-    if_generation_match: Option<i64>,
-    metadata: std::collections::HashMap<String, String>,
-) -> crate::proto::storage::WriteObjectSpec {
-    crate::proto::storage::WriteObjectSpec {
-        resource: Some(crate::proto::storage::Object {
-            name: object.to_string(),
-            bucket: bucket_path(bucket),
-            metadata,
-            ..Default::default()
-        }),
-        if_generation_match,
-        ..Default::default()
-    }
 }
 
 /// CRC32C of `data`. Every byte read and written is checked, so this uses crc-fast's

@@ -1,38 +1,27 @@
-//! Whole-object uploads of a local file (a staged file) or of bytes in memory (a symbolic
-//! link) as a new generation: one `BidiWriteObject` stream with a plain (non-appendable)
-//! `WriteObjectSpec` (custom metadata in its resource), data in CRC32C-checked chunks of
-//! 2 MiB (a multiple of 256 KiB, as non-appendable uploads require), the whole-object CRC32C
-//! on the `finish_write` message, and the final resource checked against what was sent.
+//! Whole-object writes: a local file (a staged copy) or bytes in memory (a symbolic link)
+//! stored as a new generation of an object, replacing exactly the generation the caller
+//! names.
 //!
-//! Why not an appendable object: an appendable object is live from its first message, so
-//! replacing a file that way would show a truncated object until the upload ends, and leave
-//! one behind if it failed. A plain upload becomes live only when it finishes, atomically, and
-//! a generation precondition makes sure it replaces exactly the version the caller read.
-//! A broken stream leaves nothing behind, so a retry starts over from the first byte; a
-//! redirect's routing token goes with every later attempt.
-//! Touches only its own stream and the file it is given (read only).
+//! A zonal bucket takes only appendable objects, and an appendable object is live from its
+//! first message: written in place, a new version would show truncated until its last byte
+//! is in, and a failure would leave it so, with the old version gone. So the bytes go to an
+//! appendable object of their own next to the target (`.rapidfs-upload-<random>` in the
+//! same folder), which is finalized with its whole-object CRC32C checked, then moved onto
+//! the target by `MoveObject`, atomically, under the caller's generation precondition.
+//! Until the move the target keeps its old version; a failed write or move deletes the
+//! aside object. The appendable writer resumes a broken stream from what the service
+//! persisted, and follows redirects.
+//! Touches only the two objects of an upload and the file it reads (read only).
 
-use super::retry::{self, Backoff};
-use super::stream::{self, Requests};
-use super::writer::{Fail, MAX_CHUNK, REDIRECT_TYPE};
-use super::{object_url, Client, Error, ObjectMeta, Result};
-use crate::proto::storage::{
-    bidi_write_object_request::{Data, FirstMessage},
-    bidi_write_object_response::WriteStatus,
-    BidiWriteObjectRedirectedError, BidiWriteObjectRequest, ChecksummedData, ObjectChecksums,
-    WriteObjectSpec,
-};
+use super::writer::{AppendWriter, MAX_CHUNK};
+use super::{Client, Error, ObjectMeta, Result};
 use bytes::Bytes;
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
-use tonic::Status;
 
 /// What an upload sends.
-#[derive(Clone)]
 enum Source {
     /// The first bytes (this many) of a local file.
     File(Arc<File>, u64),
@@ -68,8 +57,7 @@ impl Source {
 impl Client {
     /// Uploads the first `len` bytes of `file` as a new finalized generation of `object`.
     /// `if_generation_match`: `Some(g)` replaces only generation `g`, `Some(0)` only creates,
-    /// `None` replaces whatever is live. `PreconditionFailed` when the precondition fails (or
-    /// the service refuses to replace the live object).
+    /// `None` replaces whatever is live. `PreconditionFailed` when the precondition fails.
     pub async fn upload_file(
         &self,
         bucket: &str,
@@ -106,167 +94,133 @@ impl Client {
         metadata: HashMap<String, String>,
         if_generation_match: Option<i64>,
     ) -> Result<ObjectMeta> {
-        let what = object_url(bucket, object);
-        let mut backoff = Backoff::new(self.config());
-        // A redirect names where the upload goes: its routing token rides on every later
-        // attempt, as the appendable writer's does.
-        let mut routing_token = None;
-        loop {
-            let attempt = self.try_upload(
-                bucket,
-                object,
-                &source,
-                &metadata,
-                if_generation_match,
-                routing_token.as_deref(),
-            );
-            let s = match attempt.await {
-                Ok(meta) => return Ok(meta),
-                Err(Fail::Fatal(e)) => return Err(e),
-                Err(Fail::Stream(s)) => s,
-            };
-            let redirect =
-                retry::redirect_detail::<BidiWriteObjectRedirectedError>(&s, REDIRECT_TYPE);
-            if let Some(token) = redirect.as_ref().and_then(|r| r.routing_token.clone()) {
-                routing_token = Some(token);
-            }
-            retry::retry_after(&mut backoff, &s, redirect.is_some(), &what).await?;
-            tracing::debug!(object = %what, code = ?s.code(), msg = s.message(), "upload restarts");
-        }
-    }
-
-    async fn try_upload(
-        &self,
-        bucket: &str,
-        object: &str,
-        source: &Source,
-        metadata: &HashMap<String, String>,
-        if_generation_match: Option<i64>,
-        routing_token: Option<&str>,
-    ) -> std::result::Result<ObjectMeta, Fail> {
-        let what = object_url(bucket, object);
-        let len = source.len();
-        let spec = WriteObjectSpec {
-            object_size: i64::try_from(len).ok(),
-            ..super::write_spec(bucket, object, if_generation_match, metadata.clone())
-        };
-        let first = BidiWriteObjectRequest {
-            first_message: Some(FirstMessage::WriteObjectSpec(spec)),
-            write_offset: 0,
-            ..Default::default()
-        };
-        let cfg = self.config();
-        let opened = tokio::time::timeout(
-            Duration::from_millis(cfg.call_timeout_ms),
-            stream::write(self.streams(), bucket, routing_token, &first),
-        );
-        let (tx, mut rx) = match opened.await {
-            Ok(r) => r?,
-            Err(_) => return Err(Status::deadline_exceeded("upload stream open timed out").into()),
-        };
-        let queued = Arc::new(AtomicU64::new(0));
-        let producer = tokio::spawn(send(source.clone(), tx, queued.clone()));
-        let wait = Duration::from_millis(cfg.call_timeout_ms + cfg.stall_timeout_ms);
-        // The service answers once the last byte is in, however long the bytes take: only a
-        // wait in which no byte was queued either is a stall.
-        let answered = async {
-            let mut seen = 0;
-            loop {
-                match tokio::time::timeout(wait, rx.message()).await {
-                    Err(_) if queued.load(Ordering::Relaxed) != seen => {
-                        seen = queued.load(Ordering::Relaxed);
-                    }
-                    Err(_) => return Err(Status::deadline_exceeded("upload: no answer")),
-                    Ok(Ok(Some(r))) => {
-                        if let Some(WriteStatus::Resource(o)) = r.write_status {
-                            return Ok(o);
-                        }
-                    }
-                    Ok(Ok(None)) => {
-                        return Err(Status::unavailable("upload stream ended unfinished"))
-                    }
-                    Ok(Err(s)) => return Err(s),
-                }
-            }
-        };
-        let o = match answered.await {
-            Ok(o) => o,
-            Err(s) => {
-                // The producer may wait for room that a stalled stream never gives. A local
-                // read error that ended it first is ours: retrying will not help.
-                producer.abort();
-                if let Ok(Err(e)) = producer.await {
-                    return Err(Fail::Fatal(e));
-                }
-                return Err(s.into());
-            }
-        };
-        let crc = match producer.await {
-            Ok(Ok(crc)) => crc,
-            Ok(Err(e)) => return Err(Fail::Fatal(e)),
-            Err(e) => {
-                return Err(Fail::Fatal(Error::Other(format!(
-                    "{what}: upload reader failed: {e}"
-                ))))
-            }
-        };
-        let meta = ObjectMeta::from(&o);
-        if meta.size != len {
-            return Err(Fail::Fatal(Error::Other(format!(
-                "{what}: uploaded {len} bytes, the object has {}",
-                meta.size
-            ))));
-        }
-        if meta.crc32c.is_some_and(|c| c != crc) {
-            return Err(Fail::Fatal(Error::Checksum(format!(
-                "{what}: object crc32c {:08x}, we sent {crc:08x}",
-                meta.crc32c.unwrap_or_default()
-            ))));
+        let aside = aside_name(object);
+        let written = self.write_aside(bucket, &aside, &source, metadata).await?;
+        let meta = self
+            .move_into_place(bucket, &aside, object, &written, if_generation_match)
+            .await?;
+        if meta.size != written.size || meta.crc32c != written.crc32c {
+            return Err(Error::Other(format!(
+                "{}: moved into place with {} bytes (crc32c {:08x?}), {} were written (crc32c {:08x?})",
+                super::object_url(bucket, object),
+                meta.size,
+                meta.crc32c,
+                written.size,
+                written.crc32c
+            )));
         }
         Ok(meta)
     }
-}
 
-/// Sends the bytes of `source` as data messages, the last one with `finish_write` and the
-/// whole-object CRC32C, counting in `queued` the bytes handed to the stream; returns that
-/// CRC32C. Stops quietly when the stream goes away (the call reports why).
-async fn send(
-    source: Source,
-    mut tx: Requests<BidiWriteObjectRequest>,
-    queued: Arc<AtomicU64>,
-) -> Result<u32> {
-    let len = source.len();
-    let mut crc = 0u32;
-    let mut offset = 0u64;
-    loop {
-        let n = (len - offset).min(MAX_CHUNK as u64) as usize;
-        let piece = source.piece(offset, n).await?;
-        // Each byte's CRC is computed once: the piece's, folded into the object's.
-        let piece_crc = super::crc32c(&piece);
-        crc = super::crc32c_concat(crc, offset, piece_crc, piece.len());
-        let last = offset + n as u64 == len;
-        let msg = BidiWriteObjectRequest {
-            write_offset: offset as i64,
-            data: (!piece.is_empty()).then(|| {
-                Data::ChecksummedData(ChecksummedData {
-                    crc32c: Some(piece_crc),
-                    content: piece,
-                })
-            }),
-            finish_write: last,
-            object_checksums: last.then_some(ObjectChecksums {
-                crc32c: Some(crc),
-                md5_hash: Bytes::new(),
-            }),
-            ..Default::default()
-        };
-        if tx.ready().await.is_err() || tx.send_write(msg, last).is_err() {
-            return Ok(crc);
+    /// Writes `source` to the new object `aside` and finalizes it; deletes what it created
+    /// when that fails.
+    async fn write_aside(
+        &self,
+        bucket: &str,
+        aside: &str,
+        source: &Source,
+        metadata: HashMap<String, String>,
+    ) -> Result<ObjectMeta> {
+        let mut w = AppendWriter::create(self.clone(), bucket, aside, Some(0), metadata).await?;
+        let generation = w.generation();
+        let written = async {
+            let len = source.len();
+            let mut offset = 0;
+            while offset < len {
+                let n = (len - offset).min(MAX_CHUNK as u64) as usize;
+                w.append(source.piece(offset, n).await?).await?;
+                offset += n as u64;
+            }
+            w.finalize().await
         }
-        offset += n as u64;
-        queued.store(offset, Ordering::Relaxed);
-        if last {
-            return Ok(crc);
+        .await;
+        if written.is_err() {
+            self.discard(bucket, aside, generation).await;
+        }
+        written
+    }
+
+    /// Moves the finalized `aside` object onto `object` under `if_generation_match`. A
+    /// service may refuse to replace an unfinalized appendable object: where the generation
+    /// to replace is that, it is deleted (that generation only) and the move made onto the
+    /// free name. The aside object is deleted when the move fails, except after that delete,
+    /// when it holds the only copy of the new version.
+    async fn move_into_place(
+        &self,
+        bucket: &str,
+        aside: &str,
+        object: &str,
+        written: &ObjectMeta,
+        if_generation_match: Option<i64>,
+    ) -> Result<ObjectMeta> {
+        let e = match self
+            .move_object(
+                bucket,
+                aside,
+                object,
+                Some(written.into()),
+                if_generation_match,
+            )
+            .await
+        {
+            Ok(m) => return Ok(m),
+            Err(e) => e,
+        };
+        let replaceable = match (&e, if_generation_match) {
+            (Error::PreconditionFailed(_), Some(g)) if g > 0 => {
+                self.live_unfinalized(bucket, object, g).await
+            }
+            _ => false,
+        };
+        if !replaceable {
+            self.discard(bucket, aside, written.generation).await;
+            return Err(e);
+        }
+        tracing::debug!(
+            object,
+            aside,
+            "service refuses to replace an unfinalized object: delete it, then move"
+        );
+        if let Err(e) = self
+            .delete_object(bucket, object, if_generation_match)
+            .await
+        {
+            self.discard(bucket, aside, written.generation).await;
+            return Err(match e {
+                Error::NotFound(why) => Error::PreconditionFailed(why),
+                e => e,
+            });
+        }
+        self.move_object(bucket, aside, object, Some(written.into()), Some(0))
+            .await
+            .inspect_err(|e| {
+                tracing::error!(object, saved_as = aside, error = %e, "the new version could not be moved into place; it is kept under the aside name");
+            })
+    }
+
+    /// Whether the live object is generation `generation`, unfinalized.
+    async fn live_unfinalized(&self, bucket: &str, object: &str, generation: i64) -> bool {
+        self.get_object(bucket, object)
+            .await
+            .is_ok_and(|live| live.generation == generation && !live.finalized)
+    }
+
+    /// Deletes generation `generation` of the aside object `aside`, if it is still there.
+    async fn discard(&self, bucket: &str, aside: &str, generation: i64) {
+        if generation <= 0 {
+            return;
+        }
+        match self.delete_object(bucket, aside, Some(generation)).await {
+            Ok(()) | Err(Error::NotFound(_)) => {}
+            Err(e) => {
+                tracing::warn!(object = aside, error = %e, "an unused upload object could not be deleted")
+            }
         }
     }
+}
+
+/// A new name for the bytes of an upload to `object`, in its folder.
+fn aside_name(object: &str) -> String {
+    let folder = object.rfind('/').map_or("", |i| &object[..=i]);
+    format!("{folder}.rapidfs-upload-{:016x}", rand::random::<u64>())
 }

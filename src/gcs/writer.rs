@@ -19,6 +19,7 @@ use crate::proto::storage::{
 };
 use bytes::Bytes;
 use futures::FutureExt;
+use std::collections::HashMap;
 use std::time::Duration;
 use tonic::{Code, Status};
 
@@ -29,7 +30,7 @@ pub(crate) const MAX_CHUNK: usize = 2 * 1024 * 1024;
 /// flush in one write to the socket, and the service wakes once for the file, not three
 /// times. Larger files stream as before, their close waiting for at most this much more.
 const SEND_AT_LEAST: u64 = 256 * 1024;
-pub(super) const REDIRECT_TYPE: &str = "google.storage.v2.BidiWriteObjectRedirectedError";
+const REDIRECT_TYPE: &str = "google.storage.v2.BidiWriteObjectRedirectedError";
 
 /// How `try_pump` ends what it sends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,9 +43,8 @@ enum Ending {
     Close,
 }
 
-/// Why an attempt failed: the stream (worth a reconnect, maybe) or for good. Shared by the
-/// appendable writer and the whole-file upload.
-pub(super) enum Fail {
+/// Why an attempt failed: the stream (worth a reconnect, maybe) or for good.
+enum Fail {
     /// The stream broke; another attempt may succeed.
     Stream(Status),
     /// Nothing will get better by trying again.
@@ -62,6 +62,26 @@ type Attempt<T> = std::result::Result<T, Fail>;
 struct Conn {
     tx: stream::Requests<BidiWriteObjectRequest>,
     rx: stream::Responses<BidiWriteObjectResponse>,
+}
+
+/// The spec that creates the appendable object `object` with custom `metadata`.
+fn create_spec(
+    bucket: &str,
+    object: &str,
+    if_generation_match: Option<i64>,
+    metadata: HashMap<String, String>,
+) -> WriteObjectSpec {
+    WriteObjectSpec {
+        resource: Some(Object {
+            name: object.to_string(),
+            bucket: bucket_path(bucket),
+            metadata,
+            ..Default::default()
+        }),
+        if_generation_match,
+        appendable: Some(true),
+        ..Default::default()
+    }
 }
 
 /// One BidiWriteObject session on an appendable object. Keeps every unpersisted byte;
@@ -111,12 +131,10 @@ impl AppendWriter {
         bucket: &str,
         object: &str,
         if_generation_match: Option<i64>,
+        metadata: HashMap<String, String>,
     ) -> Result<AppendWriter> {
         let mut w = AppendWriter::new(client, bucket, object, 0);
-        let spec = WriteObjectSpec {
-            appendable: Some(true),
-            ..super::write_spec(bucket, object, if_generation_match, Default::default())
-        };
+        let spec = create_spec(bucket, object, if_generation_match, metadata);
         w.first_open(Some(spec)).await?;
         w.crc = Some(0);
         Ok(w)
@@ -132,10 +150,7 @@ impl AppendWriter {
         w.crc = Some(0);
         w.answered = false;
         w.unopened = true;
-        w.unanswered_create = Some(WriteObjectSpec {
-            appendable: Some(true),
-            ..super::write_spec(bucket, object, None, Default::default())
-        });
+        w.unanswered_create = Some(create_spec(bucket, object, None, HashMap::new()));
         w
     }
 
