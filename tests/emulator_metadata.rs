@@ -1,5 +1,5 @@
-//! Custom object metadata (`Object.metadata`) in the emulator: set by the first message of a
-//! write (a plain upload or an appendable object), returned by GetObject, ListObjects (when
+//! Custom object metadata (`Object.metadata`) in the emulator: set by the first message of
+//! the write that creates an object, returned by GetObject, ListObjects (when
 //! the read mask asks for it) and the first BidiReadObject response, kept by MoveObject,
 //! refused past the service's 8 KiB, and kept by the directory backend across a restart.
 
@@ -8,10 +8,7 @@ mod emulator_support;
 use emulator_support::*;
 use rapidfs::proto::storage::bidi_write_object_request::FirstMessage;
 use rapidfs::proto::storage::storage_client::StorageClient;
-use rapidfs::proto::storage::{
-    BidiWriteObjectRequest, GetObjectRequest, ListObjectsRequest, MoveObjectRequest, Object,
-    WriteObjectSpec,
-};
+use rapidfs::proto::storage::{GetObjectRequest, ListObjectsRequest, MoveObjectRequest, Object};
 use std::collections::HashMap;
 use tonic::transport::Channel;
 use tonic::Code;
@@ -23,30 +20,19 @@ fn md(pairs: &[(&str, &str)]) -> HashMap<String, String> {
         .collect()
 }
 
-/// A plain upload's first message for `name` carrying `metadata`.
-fn upload_msg(name: &str, metadata: HashMap<String, String>) -> BidiWriteObjectRequest {
-    BidiWriteObjectRequest {
-        first_message: Some(FirstMessage::WriteObjectSpec(WriteObjectSpec {
-            resource: Some(Object {
-                name: name.into(),
-                bucket: bpath("b"),
-                metadata,
-                ..Default::default()
-            }),
-            ..Default::default()
-        })),
-        ..Default::default()
-    }
-}
-
-/// Uploads `data` as `name` with `metadata` in one finished stream; the final resource.
+/// Writes `data` as the new object `name` with `metadata` and finalizes it, in one stream;
+/// the final resource.
 async fn upload(
     c: &mut StorageClient<Channel>,
     name: &str,
     data: &'static [u8],
     metadata: HashMap<String, String>,
 ) -> Result<Object, tonic::Status> {
-    let mut w = open_write(c, "b", upload_msg(name, metadata), false).await?;
+    let mut first = create_msg("b", name, None);
+    if let Some(FirstMessage::WriteObjectSpec(spec)) = &mut first.first_message {
+        spec.resource.as_mut().expect("a resource").metadata = metadata;
+    }
+    let mut w = open_write(c, "b", first, true).await?;
     let data = bytes::Bytes::from_static(data);
     w.tx.send(data_msg(0, data.clone())).await.unwrap();
     w.tx.send(finish_msg(data.len() as u64, crc32c::crc32c(&data)))
@@ -161,13 +147,7 @@ async fn metadata_past_8_kib_is_refused() {
     let emu = memory().await;
     let mut c = client(&emu).await;
     let big = md(&[("k", &"v".repeat(8 * 1024))]);
-    let e = upload(&mut c, "big", b"x", big.clone()).await.unwrap_err();
-    assert_eq!(e.code(), Code::InvalidArgument);
-    let mut create = create_msg("b", "log", None);
-    if let Some(FirstMessage::WriteObjectSpec(spec)) = &mut create.first_message {
-        spec.resource.as_mut().unwrap().metadata = big;
-    }
-    let e = open_write(&mut c, "b", create, true).await.err().unwrap();
+    let e = upload(&mut c, "big", b"x", big).await.unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument);
 }
 

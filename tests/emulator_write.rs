@@ -6,7 +6,7 @@ mod emulator_support;
 use bytes::Bytes;
 use emulator_support::*;
 use rapidfs::proto::storage::bidi_write_object_request::FirstMessage;
-use rapidfs::proto::storage::{BidiWriteObjectRequest, GetObjectRequest, Object, WriteObjectSpec};
+use rapidfs::proto::storage::{BidiWriteObjectRequest, GetObjectRequest};
 use std::time::Duration;
 use tonic::Code;
 
@@ -284,43 +284,26 @@ async fn write_errors_have_real_statuses() {
     assert_eq!(e.code(), Code::InvalidArgument);
 }
 
+/// A zonal bucket holds only appendable objects: an upload whose spec does not ask for one
+/// is refused, and leaves nothing behind.
 #[tokio::test]
-async fn plain_upload_installs_on_finish() {
+async fn an_upload_that_is_not_appendable_is_refused() {
     let emu = memory().await;
     let mut c = client(&emu).await;
-    let first = BidiWriteObjectRequest {
-        first_message: Some(FirstMessage::WriteObjectSpec(WriteObjectSpec {
-            resource: Some(Object {
-                name: "plain".into(),
-                bucket: bpath("b"),
-                ..Default::default()
-            }),
-            ..Default::default()
-        })),
-        ..Default::default()
-    };
-    let mut w = open_write(&mut c, "b", first, false).await.unwrap();
-    let data = pattern(3 << 20, 9);
-    w.tx.send(data_msg(0, data.slice(..2 << 20))).await.unwrap();
-    w.tx.send(data_msg(2 << 20, data.slice(2 << 20..)))
-        .await
-        .unwrap();
+    let mut first = create_msg("b", "plain", None);
+    if let Some(FirstMessage::WriteObjectSpec(spec)) = &mut first.first_message {
+        spec.appendable = None;
+    }
+    let e = open_write(&mut c, "b", first, false).await.err().unwrap();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("appendable"), "{}", e.message());
     let get = GetObjectRequest {
         bucket: bpath("b"),
         object: "plain".into(),
         ..Default::default()
     };
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let e = c.get_object(routed("b", get.clone())).await.unwrap_err();
-    assert_eq!(e.code(), Code::NotFound, "not visible before finish");
-    w.tx.send(finish_msg(3 << 20, crc32c::crc32c(&data)))
-        .await
-        .unwrap();
-    let r = next(&mut w).await.unwrap().unwrap();
-    assert_eq!(persisted_of(&r), 3 << 20);
-    let o = c.get_object(routed("b", get)).await.unwrap().into_inner();
-    assert!(o.finalize_time.is_some());
-    assert_eq!(read_all(&mut c, "b", "plain").await, data[..]);
+    let e = c.get_object(routed("b", get)).await.unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
 }
 
 #[tokio::test]

@@ -1,14 +1,15 @@
-//! BidiWriteObject: creating, appending to, taking over and finalizing objects. Checks
+//! BidiWriteObject: creating, appending to, taking over and finalizing appendable objects,
+//! the only kind a zonal bucket holds (any other upload is refused). Checks
 //! each chunk's CRC32C and the whole object's on finish, enforces one writer per object
 //! (fencing by write handle), and answers only the first message, every state_lookup, and
 //! once at close or finish. Touches the store and the stream's own state.
 
 use super::bucket_names::{bucket_path, parse_bucket};
-use super::content::{Content, ContentWriter, Segments, MAX_CHUNK};
+use super::content::{Content, ContentWriter, MAX_CHUNK};
 use super::object_proto::to_proto;
 use super::preconditions::Preconditions;
 use super::stats::add;
-use super::store::{check_custom_metadata, CustomMetadata, Entry};
+use super::store::{CustomMetadata, Entry};
 use super::wire::{decode_handle, encode_handle, header_routing_token, status_with_detail, Outbox};
 use super::Service;
 use crate::proto::storage::bidi_write_object_request::{Data, FirstMessage};
@@ -28,17 +29,11 @@ const WRITE_HANDLE_TAG: &str = "wh1";
 /// The response stream type.
 pub(crate) type WriteStream = ReceiverStream<Result<BidiWriteObjectResponse, Status>>;
 
-/// What the first message asked for.
-enum Target {
-    /// An appendable object, created or reopened: bytes go straight to the store.
-    Append { entry: Entry, writer: ContentWriter },
-    /// A plain upload: bytes are buffered and installed as one generation on finish.
-    Upload {
-        name: String,
-        pre: Preconditions,
-        segs: Segments,
-        metadata: CustomMetadata,
-    },
+/// The appendable object a stream writes, created or reopened by its first message: bytes
+/// go straight to the store.
+struct Target {
+    entry: Entry,
+    writer: ContentWriter,
 }
 
 impl Service {
@@ -74,6 +69,13 @@ impl Service {
                 })?;
                 let bucket = parse_bucket(&resource.bucket)?;
                 self.calls.begin(&meta, "bucket", &bucket_path(&bucket))?;
+                // A zonal bucket holds only appendable objects: it refuses any other upload.
+                if spec.appendable != Some(true) {
+                    return Err(Status::invalid_argument(format!(
+                        "{:?}: objects in a zonal bucket must be appendable (set write_object_spec.appendable)",
+                        resource.name
+                    )));
+                }
                 let pre = Preconditions {
                     if_generation_match: spec.if_generation_match,
                     if_generation_not_match: spec.if_generation_not_match,
@@ -90,24 +92,10 @@ impl Service {
                     .iter()
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect();
-                let target = if spec.appendable == Some(true) {
-                    let (entry, writer) =
-                        self.store
-                            .create_appendable(&bucket, &resource.name, pre, metadata)?;
-                    Target::Append { entry, writer }
-                } else {
-                    self.store.check_name(&resource.name)?;
-                    check_custom_metadata(&metadata)?;
-                    self.store.bucket(&bucket)?;
-                    let live = self.store.get(&bucket, &resource.name, 0).ok();
-                    pre.check(live.map(|e| (e.content.generation, e.metageneration)))?;
-                    Target::Upload {
-                        name: resource.name.clone(),
-                        pre,
-                        segs: Segments::default(),
-                        metadata,
-                    }
-                };
+                let (entry, writer) =
+                    self.store
+                        .create_appendable(&bucket, &resource.name, pre, metadata)?;
+                let target = Target { entry, writer };
                 (bucket, resource.name.clone(), target)
             }
             Some(FirstMessage::AppendObjectSpec(spec)) => {
@@ -150,7 +138,7 @@ impl Service {
                     handle_token,
                     pre,
                 )?;
-                (bucket, spec.object.clone(), Target::Append { entry, writer })
+                (bucket, spec.object.clone(), Target { entry, writer })
             }
             Some(FirstMessage::UploadId(_)) => {
                 return Err(Status::unimplemented(
@@ -254,22 +242,20 @@ impl Session {
         mut target: Target,
         mut incoming: Streaming<BidiWriteObjectRequest>,
     ) {
-        if let Target::Append { entry, writer } = &target {
-            let resp = BidiWriteObjectResponse {
-                write_status: Some(WriteStatus::Resource(to_proto(
-                    &self.bucket,
-                    &self.name,
-                    entry,
-                ))),
-                write_handle: Some(BidiWriteHandle {
-                    handle: write_handle(&writer.content, writer.token),
-                }),
-                persisted_data_checksums: None,
-            };
-            if !self.out.send(Ok(resp)).await {
-                self.end(&mut target);
-                return;
-            }
+        let resp = BidiWriteObjectResponse {
+            write_status: Some(WriteStatus::Resource(to_proto(
+                &self.bucket,
+                &self.name,
+                &target.entry,
+            ))),
+            write_handle: Some(BidiWriteHandle {
+                handle: write_handle(&target.writer.content, target.writer.token),
+            }),
+            persisted_data_checksums: None,
+        };
+        if !self.out.send(Ok(resp)).await {
+            self.end(&mut target);
+            return;
         }
         let mut msg = Some(first);
         loop {
@@ -301,12 +287,9 @@ impl Session {
             }
         }
         // Half-closed without finish_write: make it durable and report the size once.
-        let resp = match &mut target {
-            Target::Append { writer, .. } => match self.sync(writer) {
-                Ok(()) => Ok(persisted_response(&writer.content)),
-                Err(e) => Err(e),
-            },
-            Target::Upload { segs, .. } => Ok(size_response(segs.len(), None)),
+        let resp = match self.sync(&mut target.writer) {
+            Ok(()) => Ok(persisted_response(&target.writer.content)),
+            Err(e) => Err(e),
         };
         self.out.send(resp).await;
     }
@@ -322,10 +305,8 @@ impl Session {
 
     /// Makes what was written durable whatever way the stream ends.
     fn end(&mut self, target: &mut Target) {
-        if let Target::Append { writer, .. } = target {
-            if let Err(e) = self.sync(writer) {
-                tracing::warn!("sync at stream end failed: {}", e.message());
-            }
+        if let Err(e) = self.sync(&mut target.writer) {
+            tracing::warn!("sync at stream end failed: {}", e.message());
         }
     }
 
@@ -384,92 +365,39 @@ impl Session {
         }
         let offset = m.write_offset as u64;
         let expected_crc = m.object_checksums.as_ref().and_then(|c| c.crc32c);
-        match target {
-            Target::Append { writer, .. } => {
-                writer.check()?;
-                if let Some(d) = data {
-                    // A CRC32C the chunk came with was checked against its bytes above.
-                    writer.append(offset, d.content, d.crc32c)?;
-                }
-                if m.finish_write {
-                    writer.finalize(expected_crc)?;
-                    self.service
-                        .store
-                        .persist(&self.bucket, &self.name, &writer.content)?;
-                    let entry = self.service.store.get(
-                        &self.bucket,
-                        &self.name,
-                        writer.content.generation,
-                    )?;
-                    let resp = BidiWriteObjectResponse {
-                        write_status: Some(WriteStatus::Resource(to_proto(
-                            &self.bucket,
-                            &self.name,
-                            &entry,
-                        ))),
-                        write_handle: None,
-                        persisted_data_checksums: None,
-                    };
-                    self.out.send(Ok(resp)).await;
-                    return Ok(Next::Finished);
-                }
-                if m.flush || m.state_lookup {
-                    self.sync(writer)?;
-                }
-                if m.state_lookup {
-                    let resp = persisted_response(&writer.content);
-                    self.out.send(Ok(resp)).await;
-                }
-            }
-            Target::Upload {
-                name,
-                pre,
-                segs,
-                metadata,
-            } => {
-                if let Some(d) = data {
-                    if offset > segs.len() {
-                        return Err(Status::invalid_argument(format!(
-                            "write_offset {offset} is beyond the {} bytes received",
-                            segs.len()
-                        )));
-                    }
-                    let skip = (segs.len() - offset).min(d.content.len() as u64) as usize;
-                    // Owned copy: see `ContentWriter::append`.
-                    segs.push(Bytes::copy_from_slice(&d.content[skip..]));
-                }
-                if m.finish_write {
-                    if let Some(expected) = expected_crc {
-                        let actual = segs.crc();
-                        if actual != expected {
-                            return Err(Status::invalid_argument(format!(
-                                "object crc32c mismatch: the client sent {expected:#010x}, the {} bytes have {actual:#010x}",
-                                segs.len()
-                            )));
-                        }
-                    }
-                    let all = std::mem::take(segs);
-                    let metadata = std::mem::take(metadata);
-                    let entry = self
-                        .service
-                        .store
-                        .put(&self.bucket, name, all, *pre, metadata)?;
-                    let resp = BidiWriteObjectResponse {
-                        write_status: Some(WriteStatus::Resource(to_proto(
-                            &self.bucket,
-                            name,
-                            &entry,
-                        ))),
-                        write_handle: None,
-                        persisted_data_checksums: None,
-                    };
-                    self.out.send(Ok(resp)).await;
-                    return Ok(Next::Finished);
-                }
-                if m.state_lookup {
-                    self.out.send(Ok(size_response(segs.len(), None))).await;
-                }
-            }
+        let writer = &mut target.writer;
+        writer.check()?;
+        if let Some(d) = data {
+            // A CRC32C the chunk came with was checked against its bytes above.
+            writer.append(offset, d.content, d.crc32c)?;
+        }
+        if m.finish_write {
+            writer.finalize(expected_crc)?;
+            self.service
+                .store
+                .persist(&self.bucket, &self.name, &writer.content)?;
+            let entry =
+                self.service
+                    .store
+                    .get(&self.bucket, &self.name, writer.content.generation)?;
+            let resp = BidiWriteObjectResponse {
+                write_status: Some(WriteStatus::Resource(to_proto(
+                    &self.bucket,
+                    &self.name,
+                    &entry,
+                ))),
+                write_handle: None,
+                persisted_data_checksums: None,
+            };
+            self.out.send(Ok(resp)).await;
+            return Ok(Next::Finished);
+        }
+        if m.flush || m.state_lookup {
+            self.sync(writer)?;
+        }
+        if m.state_lookup {
+            let resp = persisted_response(&writer.content);
+            self.out.send(Ok(resp)).await;
         }
         Ok(Next::More)
     }
