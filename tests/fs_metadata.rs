@@ -4,6 +4,7 @@
 mod fs_support;
 
 use fs_support::{assert_no_entry, FsEnv};
+use rapidfs::emulator::Faults;
 use rapidfs::fs::{Errno, Kind, ROOT_INO};
 use std::time::Duration;
 
@@ -285,4 +286,48 @@ fn an_open_file_reads_on_after_a_rename_of_it_or_its_directory() {
         fs.release(ha);
         fs.release(hf);
     });
+}
+
+/// A directory rename that the service answers with an operation not done yet (as it does
+/// for a large folder) is waited for: `rename` returns once the service has moved the
+/// folder, and its files read under their new names.
+#[test]
+fn a_directory_rename_the_service_finishes_later_is_waited_for() {
+    let env = FsEnv::new("b", |_| {});
+    env.put("d/f", b"abcdef");
+    env.put("d/e/g", b"xyz");
+    let pending = Duration::from_millis(300);
+    env.emu().set_faults(Faults {
+        rename_folder_pending_ms: Some(pending.as_millis() as u64),
+        ..Faults::default()
+    });
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        fs.lookup(ROOT_INO, "d").await.expect("d");
+        let started = std::time::Instant::now();
+        fs.rename(ROOT_INO, "d", ROOT_INO, "moved", 0)
+            .await
+            .expect("rename");
+        assert!(
+            started.elapsed() >= pending,
+            "rename returned after {:?}, before the service had moved the folder",
+            started.elapsed()
+        );
+        assert_no_entry(fs, ROOT_INO, "d").await;
+        let moved = fs.lookup(ROOT_INO, "moved").await.expect("moved").attr.ino;
+        let e = fs.lookup(moved, "e").await.expect("moved/e").attr.ino;
+        let g = fs.lookup(e, "g").await.expect("moved/e/g").attr.ino;
+        let h = fs.open(g, false, false).await.expect("open").fh;
+        assert_eq!(&fs.read(h, 0, 100).await.expect("read")[..], b"xyz");
+        fs.release(h);
+        assert_eq!(
+            env.client
+                .get_object("b", "moved/f")
+                .await
+                .expect("moved/f")
+                .size,
+            6
+        );
+    });
+    assert_eq!(env.emu().stats().faults_injected, 1);
 }

@@ -3,6 +3,7 @@
 
 use super::bucket_names::{bucket_path, parse_bucket};
 use super::object_proto::timestamp;
+use super::stats::add;
 use super::Service;
 use crate::proto::control::{
     storage_layout, CreateFolderRequest, DeleteFolderRequest, Folder, GetFolderRequest,
@@ -10,7 +11,7 @@ use crate::proto::control::{
 };
 use crate::proto::longrunning::{operation, Operation};
 use prost::Message;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 use tonic::{Request, Response, Status};
 
 /// Splits `projects/_/buckets/B/folders/a/b/` into ("B", "a/b/").
@@ -134,14 +135,32 @@ impl Service {
         let (bucket, folder) = split_folder_name(&req.get_ref().name)?;
         self.control(req.metadata(), &bucket).await?;
         let to = with_slash(&req.get_ref().destination_folder_id);
+        let name = format!(
+            "{}/operations/rename-{}",
+            bucket_path(&bucket),
+            rand::random::<u32>()
+        );
+        if let Some(ms) = self.calls.faults.get().rename_folder_pending_ms {
+            self.store.check_rename_folder(&bucket, &folder, &to)?;
+            add(&self.calls.stats.faults_injected, 1);
+            let store = self.store.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                if let Err(e) = store.rename_folder(&bucket, &folder, &to) {
+                    tracing::warn!("a pending folder rename failed: {}", e.message());
+                }
+            });
+            return Ok(Response::new(Operation {
+                name,
+                metadata: None,
+                done: false,
+                result: None,
+            }));
+        }
         let created = self.store.rename_folder(&bucket, &folder, &to)?;
         let result = folder_proto(&bucket, &to, created);
         Ok(Response::new(Operation {
-            name: format!(
-                "{}/operations/rename-{}",
-                bucket_path(&bucket),
-                rand::random::<u32>()
-            ),
+            name,
             metadata: None,
             done: true,
             result: Some(operation::Result::Response(prost_types::Any {

@@ -48,6 +48,10 @@ pub struct Faults {
     /// the service's metadata of an appendable object can lag behind its appends, down to
     /// 0 bytes. Read streams and write answers go on reporting the size they serve.
     pub stale_unfinalized_size: bool,
+    /// RenameFolder answers with an operation that is not done yet and carries the rename out
+    /// this many milliseconds later, as the service does with a large folder: the source is
+    /// there, the destination not, until then.
+    pub rename_folder_pending_ms: Option<u64>,
     /// ListObjects puts at most this many entries (objects and prefixes) on a page, fewer
     /// than asked for, as the service may.
     pub list_page_limit: Option<u32>,

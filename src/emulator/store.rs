@@ -606,25 +606,23 @@ impl Store {
         })
     }
 
+    /// Why renaming folder `from` to `to` would be refused, if it would.
+    pub fn check_rename_folder(&self, bucket: &str, from: &str, to: &str) -> Result<(), Status> {
+        check_folder_name(from)?;
+        check_folder_name(to)?;
+        self.check_name(to.trim_end_matches('/'))?;
+        self.with_bucket(bucket, Refresh::Prefix(""), |b| {
+            rename_folder_refused(b, from, to)
+        })
+    }
+
     /// Renames a folder with everything under it.
     pub fn rename_folder(&self, bucket: &str, from: &str, to: &str) -> Result<SystemTime, Status> {
         check_folder_name(from)?;
         check_folder_name(to)?;
         self.check_name(to.trim_end_matches('/'))?;
         self.mutate(bucket, Refresh::Prefix(""), Touched::All, |b| {
-            if !b.folders.contains_key(from) {
-                return Err(Status::not_found(format!("folder {from:?} does not exist")));
-            }
-            if b.folders.contains_key(to) || b.objects.contains_key(to.trim_end_matches('/')) {
-                return Err(Status::already_exists(format!(
-                    "destination {to:?} already exists"
-                )));
-            }
-            if to.starts_with(from) {
-                return Err(Status::invalid_argument(format!(
-                    "cannot move folder {from:?} into itself"
-                )));
-            }
+            rename_folder_refused(b, from, to)?;
             self.backend.rename_folder(bucket, from, to)?;
             let names: Vec<String> = b
                 .objects
@@ -666,6 +664,25 @@ enum Refresh<'a> {
     One(&'a str),
     /// Two names: a move's source and destination.
     Two(&'a str, &'a str),
+}
+
+/// The refusal of a rename of folder `from` to `to`: the source missing, the destination
+/// taken, or a move into itself.
+fn rename_folder_refused(b: &BucketState, from: &str, to: &str) -> Result<(), Status> {
+    if !b.folders.contains_key(from) {
+        return Err(Status::not_found(format!("folder {from:?} does not exist")));
+    }
+    if b.folders.contains_key(to) || b.objects.contains_key(to.trim_end_matches('/')) {
+        return Err(Status::already_exists(format!(
+            "destination {to:?} already exists"
+        )));
+    }
+    if to.starts_with(from) {
+        return Err(Status::invalid_argument(format!(
+            "cannot move folder {from:?} into itself"
+        )));
+    }
+    Ok(())
 }
 
 fn not_found(bucket: &str, name: &str) -> Status {
