@@ -217,25 +217,79 @@ async fn a_whole_object_upload_replaces_its_object_only_once_complete() {
                 .await
         })
     };
-    let mut seen_during = 0;
+    // The move may land before the upload's task hears of it: a look then sees the new
+    // version, complete. Anything else is a partial object.
+    let mut old_seen = 0;
     while !upload.is_finished() {
         let live = c.get_object(BUCKET, "d/v").await.unwrap();
-        if !upload.is_finished() {
-            assert_eq!((live.generation, live.size), (old.generation, 100));
-            seen_during += 1;
+        if live.generation == old.generation {
+            assert_eq!(live.size, 100);
+            old_seen += 1;
+        } else {
+            assert!(live.finalized && live.size == new.len() as u64, "{live:?}");
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(
-        seen_during >= 5,
-        "only {seen_during} looks during the upload"
-    );
+    assert!(old_seen >= 5, "only {old_seen} looks during the upload");
     let done = upload.await.unwrap().unwrap();
     emu.set_faults(Faults::default());
     assert_eq!(done.size, new.len() as u64);
     assert!(done.finalized);
     assert!(read_all(&c, "d/v").await == new);
     assert_eq!(names(&c).await, ["d/v"]);
+}
+
+/// A server that refuses to replace an unfinalized object (as some do, moves included)
+/// still gets the new version: that generation is deleted, then the new one moved onto the
+/// free name. Another generation is not deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_over_an_unfinalized_object_a_server_refuses_to_replace_still_lands() {
+    let emu = emulator(Faults::default()).await;
+    let c = client(&emu).await;
+    let mut w = c.create_appendable(BUCKET, "log", None).await.unwrap();
+    w.append(data(1000, 1)).await.unwrap();
+    let open = w.close().await.unwrap();
+    assert!(!open.finalized);
+    emu.set_faults(Faults {
+        refuse_replace_unfinalized: true,
+        ..Faults::default()
+    });
+    let stale = c
+        .put_object(
+            BUCKET,
+            "log",
+            data(10, 2),
+            Default::default(),
+            Some(open.generation + 1),
+        )
+        .await;
+    assert!(
+        matches!(stale, Err(Error::PreconditionFailed(_))),
+        "{stale:?}"
+    );
+    assert_eq!(
+        c.get_object(BUCKET, "log").await.unwrap().generation,
+        open.generation
+    );
+    let new = data(3 * MIB, 3);
+    let done = c
+        .put_object(
+            BUCKET,
+            "log",
+            new.clone(),
+            Default::default(),
+            Some(open.generation),
+        )
+        .await
+        .unwrap();
+    assert!(
+        emu.stats().faults_injected >= 1,
+        "the move was refused first"
+    );
+    emu.set_faults(Faults::default());
+    assert!(done.finalized);
+    assert!(read_all(&c, "log").await == new);
+    assert_eq!(names(&c).await, ["log"]);
 }
 
 /// An upload whose generation precondition fails changes nothing, and leaves nothing.

@@ -9,7 +9,8 @@
 //! `Staged` (see `staging.rs`): a stream in progress is flushed and closed first, so the
 //! object holds every byte written so far, and the staged copy is filled from it. A staged
 //! file is uploaded on fsync and close; the upload replaces exactly the generation it
-//! started from, so a failed upload leaves the old object as it was. Unpersisted bytes
+//! started from, so a failed upload leaves the old object as it was (`gcs/upload.rs` says
+//! how, and where a server that refuses to replace it makes the one exception). Unpersisted bytes
 //! count against the write share of the one memory budget (a semaphore in KiB): a write
 //! that does not fit first makes its own bytes durable, then waits, and every so often
 //! makes idle writers' bytes durable so they cannot hold the budget forever. A failed

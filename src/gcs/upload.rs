@@ -9,7 +9,8 @@
 //! same folder), which is finalized with its whole-object CRC32C checked, then moved onto
 //! the target by `MoveObject`, atomically, under the caller's generation precondition.
 //! Until the move the target keeps its old version; a failed write or move deletes the
-//! aside object. The appendable writer resumes a broken stream from what the service
+//! aside object (but see `move_into_place` for a server that refuses to replace an
+//! unfinalized object). The appendable writer resumes a broken stream from what the service
 //! persisted, and follows redirects.
 //! Touches only the two objects of an upload and the file it reads (read only).
 
@@ -57,7 +58,8 @@ impl Source {
 impl Client {
     /// Uploads the first `len` bytes of `file` as a new finalized generation of `object`.
     /// `if_generation_match`: `Some(g)` replaces only generation `g`, `Some(0)` only creates,
-    /// `None` replaces whatever is live. `PreconditionFailed` when the precondition fails.
+    /// `None` replaces whatever is live. `PreconditionFailed` when the precondition fails (or
+    /// a server refuses to replace the unfinalized object that is live, with `None`).
     pub async fn upload_file(
         &self,
         bucket: &str,
@@ -99,7 +101,8 @@ impl Client {
         let meta = self
             .move_into_place(bucket, &aside, object, &written, if_generation_match)
             .await?;
-        if meta.size != written.size || meta.crc32c != written.crc32c {
+        let crc_differs = matches!((meta.crc32c, written.crc32c), (Some(a), Some(b)) if a != b);
+        if meta.size != written.size || crc_differs {
             return Err(Error::Other(format!(
                 "{}: moved into place with {} bytes (crc32c {:08x?}), {} were written (crc32c {:08x?})",
                 super::object_url(bucket, object),
@@ -113,7 +116,8 @@ impl Client {
     }
 
     /// Writes `source` to the new object `aside` and finalizes it; deletes what it created
-    /// when that fails.
+    /// when that fails. The create has no precondition: the name is random, so what a retry
+    /// whose first attempt's answer was lost finds there is that attempt's empty object.
     async fn write_aside(
         &self,
         bucket: &str,
@@ -121,7 +125,7 @@ impl Client {
         source: &Source,
         metadata: HashMap<String, String>,
     ) -> Result<ObjectMeta> {
-        let mut w = AppendWriter::create(self.clone(), bucket, aside, Some(0), metadata).await?;
+        let mut w = AppendWriter::create(self.clone(), bucket, aside, None, metadata).await?;
         let generation = w.generation();
         let written = async {
             let len = source.len();
@@ -193,8 +197,13 @@ impl Client {
         }
         self.move_object(bucket, aside, object, Some(written.into()), Some(0))
             .await
-            .inspect_err(|e| {
+            .map_err(|e| {
                 tracing::error!(object, saved_as = aside, error = %e, "the new version could not be moved into place; it is kept under the aside name");
+                // Not a precondition failure to the caller: the version it replaced is gone.
+                Error::Other(format!(
+                    "{}: the old version was deleted, the new one is kept as {aside}: {e}",
+                    super::object_url(bucket, object)
+                ))
             })
     }
 
