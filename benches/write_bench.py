@@ -6,10 +6,13 @@
                                                         # smoke run, under a minute
     sudo python3 benches/write_bench.py --only torch,dcp --state-mib 1024
 
-Writers (--only picks some; each one writes into a new name on every system):
+Writers (--only picks some; each one writes into a new name on every system, but overwrite):
   torch        torch.save of a state dict (--state-mib MiB of float32 tensors in --tensors
                tensors, 512 MiB in 64 by default) into a file object opened by the benchmark,
                then flush, os.fsync and close: GB/s;
+  overwrite    torch.save of the same state dict over the file a first torch.save (untimed)
+               left at that name, then flush, os.fsync and close: saving `last.pt` every
+               epoch. GB/s;
   dcp          torch.distributed.checkpoint.save of the same state dict with a FileSystemWriter
                (one rank, no process group; sync_files=True, its default) into a new directory:
                GB/s;
@@ -85,13 +88,14 @@ ROLES = ("daemon", "emulator")
 # case: (label, rate unit, cost unit)
 CASES = {
     "torch": ("torch.save + fsync", "GB/s", "CPU-s/GiB"),
+    "overwrite": ("torch.save + fsync over a file", "GB/s", "CPU-s/GiB"),
     "dcp": ("DCP save, 1 rank", "GB/s", "CPU-s/GiB"),
     "safetensors": ("safetensors save_file + fsync", "GB/s", "CPU-s/GiB"),
     "small": ("small files, create/write/close", "files/s", "CPU-ms/file"),
     "append": ("appends, fsync every 8 MiB", "GB/s", "CPU-s/GiB"),
     "stream": ("1 MiB writes + fsync + close", "GB/s", "CPU-s/GiB"),
 }
-TORCH_CASES = ("torch", "dcp", "safetensors")
+TORCH_CASES = ("torch", "overwrite", "dcp", "safetensors")
 SYNC_EVERY_MIB = 8
 
 
@@ -409,10 +413,12 @@ class Torch:
 
 def run_case(case, sysm, run, cfg, t, data, block):
     """One timed pass of a writer on a system, metered, checked, then deleted."""
-    path = os.path.join(sysm.dir, f"{case}-{run}" + (".pt" if case == "torch" else ""))
+    path = os.path.join(sysm.dir, f"{case}-{run}" + (".pt" if case in ("torch", "overwrite") else ""))
+    if case == "overwrite":
+        w_torch(t, path, t.sd)
     os.sync()  # earlier passes' dirty pages are not this pass's work
     meter = Meter(sysm.pids)
-    if case == "torch":
+    if case in ("torch", "overwrite"):
         rec = w_torch(t, path, t.sd)
     elif case == "dcp":
         rec = w_dcp(t, path, t.sd)
@@ -425,7 +431,7 @@ def run_case(case, sysm, run, cfg, t, data, block):
     else:
         rec = w_stream(cfg, path, block)
     rec["cpu"] = meter.stop()
-    if case == "torch":
+    if case in ("torch", "overwrite"):
         c_torch(t, path, t.sd, rec)
     elif case == "dcp":
         c_dcp(t, path, t.sd, rec)
