@@ -2,7 +2,7 @@
 //! are uploaded as a new generation on fsync/close. Each case does the same operations on a
 //! local file and on the mount and compares the bytes (the bucket's, over the wire); the old
 //! object survives a full staging area and a server that refuses to replace unfinalized
-//! objects; Python's zipfile and torch.save produce the same bytes as on a local directory;
+//! objects; a write-only O_TRUNC open streams instead, past the staging limit; Python's zipfile and torch.save produce the same bytes as on a local directory;
 //! an fsync through a read-only descriptor uploads what another one staged.
 
 mod mount_support;
@@ -168,11 +168,13 @@ fn a_write_beyond_the_staging_limit_is_enospc_and_the_old_object_stays() {
     let m = env.mount(BUCKET, &config(&env, tmp.path(), 2));
     let c = client(&env.rt, &env.emu().endpoint());
     let before = meta(&env.rt, &c, BUCKET, "old.bin");
+    // Read-write: a write-only O_TRUNC open streams, staging nothing (the next test).
     let mut f = OpenOptions::new()
+        .read(true)
         .write(true)
         .truncate(true)
         .open(m.p("old.bin"))
-        .expect("open O_TRUNC");
+        .expect("open O_RDWR|O_TRUNC");
     let mut failed = None;
     for i in 0..3 {
         if let Err(e) = f.write_all(&chunk(4, i)) {
@@ -203,6 +205,39 @@ fn a_write_beyond_the_staging_limit_is_enospc_and_the_old_object_stays() {
     let mut want = old.clone();
     want[..2].copy_from_slice(b"ok");
     assert!(bytes(&env.rt, &c, BUCKET, "old.bin") == want);
+}
+
+/// A write-only O_TRUNC open (`open(path, "wb")`, `torch.save` over last epoch's file) of an
+/// existing file streams the new version beside the old one instead of staging it: a file
+/// far past the staging limit replaces the old one, which stays until the close.
+#[test]
+fn a_write_only_truncating_open_streams_past_the_staging_limit() {
+    let env = Env::new(BUCKET);
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let old = data(3, MIB);
+    env.put(BUCKET, "old.bin", &old);
+    let m = env.mount(BUCKET, &config(&env, tmp.path(), 2));
+    let c = client(&env.rt, &env.emu().endpoint());
+    // What `open(path, "wb")` does to an existing file: O_WRONLY|O_CREAT|O_TRUNC.
+    let mut f = File::create(m.p("old.bin")).expect("open O_WRONLY|O_TRUNC");
+    let mut want = Vec::new();
+    for i in 0..8 {
+        let piece = chunk(4, i);
+        f.write_all(&piece).expect("write");
+        want.extend_from_slice(&piece);
+    }
+    assert!(
+        bytes(&env.rt, &c, BUCKET, "old.bin") == old,
+        "the old version stays until the close"
+    );
+    drop(f);
+    assert!(bytes(&env.rt, &c, BUCKET, "old.bin") == want);
+    assert!(std::fs::read(m.p("old.bin")).expect("read back") == want);
+    let names: Vec<String> = std::fs::read_dir(m.p(""))
+        .expect("readdir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["old.bin"], "nothing left beside it");
 }
 
 #[test]

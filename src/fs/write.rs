@@ -7,7 +7,9 @@
 //! write; one at the end of an unfinalized object takes the object over and streams). A
 //! write anywhere else, a size change, or an append to a finalized object turns the writer
 //! `Staged` (see `staging.rs`): a stream in progress is flushed and closed first, so the
-//! object holds every byte written so far, and the staged copy is filled from it. A staged
+//! object holds every byte written so far, and the staged copy is filled from it. A
+//! write-only open with O_TRUNC of an existing object starts `Replacing`: the new version
+//! streams into an object beside the file's, moved onto it at fsync or close. A staged
 //! file is uploaded on fsync and close; the upload replaces exactly the generation it
 //! started from, so a failed upload leaves the old object as it was (`gcs/upload.rs` says
 //! how, and where a server that refuses to replace it makes the one exception). Unpersisted bytes
@@ -51,6 +53,17 @@ enum State {
     },
     /// Streaming into the object.
     Open { w: Box<AppendWriter>, held: Held },
+    /// A write-only open with O_TRUNC of an existing object: streaming the file's new
+    /// version into an object of its own beside it (`gcs/upload.rs`), which replaces
+    /// generation `base` of the file's object when it is placed (`Writes::place`): at fsync or
+    /// close, or as soon as the file's object must hold what was written (a write that is not
+    /// an append, a size change, a reader, a rename, an unlink). Until then the file's object
+    /// keeps its old version, as a staged rewrite leaves it, without a staged copy.
+    Replacing {
+        w: Box<AppendWriter>,
+        held: Held,
+        base: i64,
+    },
     /// Editing a staged copy.
     Staged(Box<Staged>),
     /// Failed for good; every later call answers this.
@@ -118,15 +131,6 @@ fn not_taken_over(key: &str, ended: Option<u64>, finalized: bool, size: u64) -> 
     }
 }
 
-/// Makes what `fw` streamed durable before its object moves (a failed writer fails the
-/// move). A staged copy stays as it is: it replaces the moved object later.
-async fn held_for_move(fw: &FileWriter, st: &mut State) -> FsResult<()> {
-    match st {
-        State::Failed(e) => Err(*e),
-        _ => persist_stream(fw, st).await,
-    }
-}
-
 /// The generation of the object a writer in state `st` writes (`None`: it writes nothing
 /// more).
 fn generation_of(st: &State) -> Option<i64> {
@@ -134,6 +138,7 @@ fn generation_of(st: &State) -> Option<i64> {
         State::Open { w, .. } => Some(w.generation()),
         State::Idle { generation, .. } => Some(*generation),
         State::Staged(s) => Some(s.base),
+        State::Replacing { base, .. } => Some(*base),
         State::Failed(_) | State::Done => None,
     }
 }
@@ -150,6 +155,7 @@ fn moved(st: &mut State, generation: i64) {
         }
         State::Idle { generation: g, .. } => *g = generation,
         State::Staged(s) => s.base = generation,
+        State::Replacing { base, .. } => *base = generation,
         State::Failed(_) | State::Done => {}
     }
 }
@@ -278,12 +284,15 @@ impl Writes {
             return;
         };
         let mut st = fw.state.lock().await;
+        if self.place(&fw, &mut st, false).await.is_err() {
+            return;
+        }
         let next = match &*st {
             State::Open { .. } => self.stage_stream(&fw, &mut st, None).await,
             State::Idle { generation, .. } => {
                 self.stage_object(&fw.inode.key(), *generation, None).await
             }
-            State::Staged(_) | State::Failed(_) | State::Done => return,
+            State::Staged(_) | State::Replacing { .. } | State::Failed(_) | State::Done => return,
         };
         *st = next;
     }
@@ -316,7 +325,7 @@ impl Writes {
             return mv().await.map(|_| ());
         };
         let mut st = fw.state.lock().await;
-        held_for_move(&fw, &mut st).await?;
+        self.held_for_move(&fw, &mut st).await?;
         let generation = mv().await?;
         moved(&mut st, generation);
         Ok(())
@@ -342,7 +351,7 @@ impl Writes {
         for fw in &writers {
             let mut st = fw.state.lock().await;
             if !matches!(*st, State::Failed(_)) {
-                held_for_move(fw, &mut st).await?;
+                self.held_for_move(fw, &mut st).await?;
             }
             held.push(st);
         }
@@ -364,6 +373,102 @@ impl Writes {
             moved(st, generation);
         }
         Ok(())
+    }
+
+    /// Makes what `fw` streamed durable before its object moves (a failed writer fails the
+    /// move), a new version being streamed beside it placed first. A staged copy stays as it
+    /// is: it replaces the moved object later.
+    async fn held_for_move(&self, fw: &FileWriter, st: &mut State) -> FsResult<()> {
+        match st {
+            State::Failed(e) => Err(*e),
+            State::Replacing { .. } => self.place(fw, st, false).await,
+            _ => persist_stream(fw, st).await,
+        }
+    }
+
+    /// Starts the new version of `fw`'s file that a write-only open with O_TRUNC makes
+    /// (`State::Replacing`), when `fw` has nothing else going: false (and nothing changed)
+    /// otherwise.
+    pub async fn replace_truncated(&self, fw: &Arc<FileWriter>) -> bool {
+        let mut st = fw.state.lock().await;
+        let State::Idle {
+            generation,
+            ended: None,
+        } = *st
+        else {
+            return false;
+        };
+        let w = self
+            .client
+            .create_aside_unanswered(&self.bucket, &fw.inode.key());
+        *st = State::Replacing {
+            w: Box::new(w),
+            held: self.held(0),
+            base: generation,
+        };
+        fw.size.store(0, Ordering::Release);
+        fw.exact.store(true, Ordering::Release);
+        true
+    }
+
+    /// Puts the new version a `Replacing` writer streamed in place of generation `base` of
+    /// its file's object: the stream is closed (finalized when `finalize`), then moved onto
+    /// the file's name. The writer goes on as after a close(2) of its stream, idle at the
+    /// moved object. A failure fails the writer (ESTALE when the object is no longer `base`)
+    /// and deletes the new version. Nothing to do in any other state.
+    async fn place(&self, fw: &FileWriter, st: &mut State, finalize: bool) -> FsResult<()> {
+        if !matches!(st, State::Replacing { .. }) {
+            return Ok(());
+        }
+        let State::Replacing { w, held, base } = std::mem::replace(st, State::Done) else {
+            return Ok(());
+        };
+        let key = fw.inode.key();
+        let aside = w.object().to_string();
+        let generation = w.generation();
+        let ended = if finalize {
+            w.finalize().await
+        } else {
+            w.close().await
+        };
+        drop(held);
+        let placed = match ended {
+            Ok(written) => {
+                self.client
+                    .move_into_place(&self.bucket, &aside, &key, &written, Some(base))
+                    .await
+            }
+            Err(e) => {
+                self.client.discard(&self.bucket, &aside, generation).await;
+                Err(e)
+            }
+        };
+        match placed {
+            Ok(meta) => {
+                fw.inode.replace(ObjMeta::from(&meta));
+                fw.size.store(meta.size, Ordering::Release);
+                *st = State::Idle {
+                    generation: meta.generation,
+                    ended: (!meta.finalized).then_some(meta.size),
+                };
+                Ok(())
+            }
+            Err(e) => {
+                let errno = match e {
+                    gcs::Error::PreconditionFailed(why) => {
+                        tracing::warn!(
+                            path = &*key,
+                            reason = why,
+                            "object replaced since its open with O_TRUNC: not overwritten"
+                        );
+                        Errno::ESTALE
+                    }
+                    e => log_err("close", &key, &e),
+                };
+                *st = State::Failed(errno);
+                Err(errno)
+            }
+        }
     }
 
     /// The writer of `ino`, while it has one.
@@ -429,6 +534,12 @@ impl Writes {
         let len = u32::try_from(data.len()).map_err(|_| Errno::EINVAL)?;
         let key = fw.inode.key();
         let mut st = fw.state.lock().await;
+        if let State::Replacing { w, .. } = &*st {
+            // Anything but an append needs the new version in place (then staged from it).
+            if offset.is_some_and(|o| o != w.written()) {
+                self.place(fw, &mut st, false).await?;
+            }
+        }
         if let State::Idle { generation, ended } = *st {
             *st = match self.take_over(fw, generation, ended, offset).await {
                 Ok(next) => next,
@@ -440,7 +551,7 @@ impl Writes {
         // object (another mount) may have left behind since.
         let offset = match (&*st, offset) {
             (_, Some(offset)) => offset,
-            (State::Open { w, .. }, None) => w.written(),
+            (State::Open { w, .. } | State::Replacing { w, .. }, None) => w.written(),
             (State::Staged(s), None) => s.file.size(),
             (_, None) => 0,
         };
@@ -451,7 +562,7 @@ impl Writes {
             }
         }
         match &mut *st {
-            State::Open { w, held } => {
+            State::Open { w, held } | State::Replacing { w, held, .. } => {
                 let appended = async {
                     self.reserve(w, held, data.len() as u64).await?;
                     w.append(data).await
@@ -486,6 +597,12 @@ impl Writes {
     pub async fn set_size(&self, fw: &Arc<FileWriter>, size: u64) -> FsResult<()> {
         let key = fw.inode.key();
         let mut st = fw.state.lock().await;
+        if let State::Replacing { w, .. } = &*st {
+            if w.written() == size {
+                return Ok(());
+            }
+            self.place(fw, &mut st, false).await?;
+        }
         let next = match &mut *st {
             State::Idle { generation, ended } => {
                 let meta = self.current(&key, *generation).await?;
@@ -504,7 +621,7 @@ impl Writes {
             }
             State::Staged(_) => return self.resize_staged(fw, &mut st, size, &key).await,
             State::Failed(e) => return Err(*e),
-            State::Done => return Err(Errno::EBADF),
+            State::Replacing { .. } | State::Done => return Err(Errno::EBADF),
         };
         *st = next;
         self.resize_staged(fw, &mut st, size, &key).await
@@ -686,7 +803,8 @@ impl Writes {
             let Ok(mut st) = fw.state.try_lock() else {
                 continue;
             };
-            if let State::Open { w, held } = &mut *st {
+            // A new version streaming beside its file is made durable there, not placed.
+            if let State::Open { w, held } | State::Replacing { w, held, .. } = &mut *st {
                 if held.permits == 0 {
                     continue;
                 }
@@ -741,6 +859,12 @@ impl Writes {
                     }
                 }
             }
+            // Finalized here for the same reason.
+            replacing @ State::Replacing { .. } => {
+                *st = replacing;
+                self.place(fw, &mut st, only_handle && self.finalize_on_close)
+                    .await
+            }
             other => {
                 *st = other;
                 self.flush_held(fw, &mut st).await
@@ -767,6 +891,7 @@ impl Writes {
             }
             State::Staged(_) => Ok(()),
             State::Open { .. } => persist_stream(fw, st).await,
+            State::Replacing { .. } => self.place(fw, st, false).await,
             State::Failed(e) => Err(*e),
             State::Idle { .. } | State::Done => Ok(()),
         }
@@ -780,6 +905,7 @@ impl Writes {
         match &*st {
             State::Staged(_) => Ok(false),
             State::Open { .. } => persist_stream(fw, &mut st).await.map(|()| true),
+            State::Replacing { .. } => self.place(fw, &mut st, false).await.map(|()| true),
             State::Failed(e) => Err(*e),
             State::Idle { .. } | State::Done => Ok(true),
         }
@@ -798,6 +924,7 @@ impl Writes {
             State::Staged(_) => Ok(Some(fw.clone())),
             State::Failed(e) => Err(*e),
             State::Open { .. } => persist_stream(&fw, &mut st).await.map(|()| None),
+            State::Replacing { .. } => self.place(&fw, &mut st, false).await.map(|()| None),
             State::Idle { .. } | State::Done => Ok(None),
         }
     }
@@ -834,6 +961,11 @@ impl Writes {
             return fw.inode.clone();
         }
         let mut st = fw.state.lock().await;
+        if matches!(*st, State::Replacing { .. }) {
+            let _ = self.place(&fw, &mut st, self.finalize_on_close).await;
+            *st = State::Done;
+            return fw.inode.clone();
+        }
         if let State::Staged(s) = &mut *st {
             // Normally uploaded by the flush of close(2) already; this covers the rest, before
             // a reader of the rewrite (`read_rewrite`) finds it over.
@@ -919,7 +1051,7 @@ impl Writes {
         match &*st {
             State::Staged(s) => Some(s.file.read_at(offset, u64::from(size)).await),
             State::Failed(e) => Some(Err(*e)),
-            State::Open { .. } | State::Idle { .. } | State::Done => None,
+            State::Open { .. } | State::Replacing { .. } | State::Idle { .. } | State::Done => None,
         }
     }
 

@@ -102,6 +102,19 @@ impl Fs {
     /// object (taken over at the first write), anything else stages it; `truncate` (O_TRUNC)
     /// starts from an empty staged copy, the object staying as it was until fsync or close.
     pub async fn open_write(&self, ino: u64, truncate: bool) -> FsResult<Opened> {
+        self.open_writing(ino, truncate, false).await
+    }
+
+    /// `open_write` of a handle that cannot read (O_WRONLY). With `truncate`, when no other
+    /// handle writes the file, the new version streams into an object of its own beside
+    /// the file's, which replaces it at fsync or close (as `torch.save` over last epoch's
+    /// checkpoint needs: no staged copy, no upload left for the close); the object stays as
+    /// it was until then, as with a staged copy.
+    pub async fn open_write_only(&self, ino: u64, truncate: bool) -> FsResult<Opened> {
+        self.open_writing(ino, truncate, true).await
+    }
+
+    async fn open_writing(&self, ino: u64, truncate: bool, write_only: bool) -> FsResult<Opened> {
         self.writable()?;
         let opened = self.open(ino, false, false).await?;
         let known = self.inode(ino).map(|inode| {
@@ -115,15 +128,20 @@ impl Fs {
                 return Err(Errno::EIO);
             }
         };
-        let fw = self
+        let (fw, alone) = self
             .inner
             .writes
-            .attach_existing(&inode, meta.generation, meta.size)
-            .0;
+            .attach_existing(&inode, meta.generation, meta.size);
         self.inner.handles.set_writer(opened.fh, fw.clone());
         // Its own writer's staged copy, if any, is read as the writer's.
         self.inner.handles.set_rewrite(opened.fh, None);
-        if truncate {
+        // A handle that reads would read the object, which keeps the old version.
+        let streamed = truncate
+            && write_only
+            && alone
+            && meta.size > 0
+            && self.inner.writes.replace_truncated(&fw).await;
+        if truncate && !streamed {
             if let Err(e) = self.inner.writes.set_size(&fw, 0).await {
                 self.release_write(opened.fh).await;
                 return Err(e);

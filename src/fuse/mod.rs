@@ -329,6 +329,9 @@ impl Filesystem for FuseAdapter {
             // A link's inode never changes its target (a new target is a new generation, so
             // a new inode): the kernel may keep it, and a path through a link costs no call.
             InitFlags::FUSE_CACHE_SYMLINKS,
+            // O_TRUNC comes with the open instead of as a size change after it: a write-only
+            // open of an existing file can then stream its new version (`open_write_only`).
+            InitFlags::FUSE_ATOMIC_O_TRUNC,
         ] {
             if let Err(missing) = config.add_capabilities(cap) {
                 tracing::debug!(?missing, "kernel lacks a FUSE capability");
@@ -573,6 +576,7 @@ impl Filesystem for FuseAdapter {
         }
         let write = flags.acc_mode() != OpenAccMode::O_RDONLY
             || flags.0 & (libc::O_TRUNC | libc::O_APPEND) != 0;
+        let write_only = flags.acc_mode() == OpenAccMode::O_WRONLY;
         let truncate = flags.0 & libc::O_TRUNC != 0;
         let direct = flags.0 & libc::O_DIRECT != 0;
         let t0 = Instant::now();
@@ -595,7 +599,9 @@ impl Filesystem for FuseAdapter {
             "open",
             reply,
             |fs| async {
-                if write {
+                if write && write_only {
+                    fs.open_write_only(ino.0, truncate).await
+                } else if write {
                     fs.open_write(ino.0, truncate).await
                 } else {
                     fs.open(ino.0, false, direct).await

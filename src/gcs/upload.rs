@@ -144,12 +144,19 @@ impl Client {
         written
     }
 
-    /// Moves the finalized `aside` object onto `object` under `if_generation_match`. A
+    /// A writer of a new appendable object beside `object` (see the module doc), created
+    /// without waiting for the service's answer, as `create_appendable_unanswered` does: the
+    /// new version of `object` that `move_into_place` puts there once it is written.
+    pub fn create_aside_unanswered(&self, bucket: &str, object: &str) -> AppendWriter {
+        AppendWriter::create_unanswered(self.clone(), bucket, &aside_name(object))
+    }
+
+    /// Moves the written `aside` object onto `object` under `if_generation_match`. A
     /// service may refuse to replace an unfinalized appendable object: where the generation
     /// to replace is that, it is deleted (that generation only) and the move made onto the
     /// free name. The aside object is deleted when the move fails, except after that delete,
     /// when it holds the only copy of the new version.
-    async fn move_into_place(
+    pub async fn move_into_place(
         &self,
         bucket: &str,
         aside: &str,
@@ -214,12 +221,11 @@ impl Client {
             .is_ok_and(|live| live.generation == generation && !live.finalized)
     }
 
-    /// Deletes generation `generation` of the aside object `aside`, if it is still there.
-    async fn discard(&self, bucket: &str, aside: &str, generation: i64) {
-        if generation <= 0 {
-            return;
-        }
-        match self.delete_object(bucket, aside, Some(generation)).await {
+    /// Deletes generation `generation` of the aside object `aside`, if it is still there
+    /// (whatever is there when the generation is unknown, 0: the name is random, ours).
+    pub async fn discard(&self, bucket: &str, aside: &str, generation: i64) {
+        let generation = (generation > 0).then_some(generation);
+        match self.delete_object(bucket, aside, generation).await {
             Ok(()) | Err(Error::NotFound(_)) => {}
             Err(e) => {
                 tracing::warn!(object = aside, error = %e, "an unused upload object could not be deleted")

@@ -230,6 +230,11 @@ impl AppendWriter {
         self.generation
     }
 
+    /// The name of the object this writer writes.
+    pub fn object(&self) -> &str {
+        &self.object
+    }
+
     /// Bytes accepted by `append` so far (== object size once all is persisted).
     pub fn written(&self) -> u64 {
         self.written

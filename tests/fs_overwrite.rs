@@ -1,0 +1,212 @@
+//! A write-only open with O_TRUNC of an existing file (`torch.save` over last epoch's
+//! checkpoint), through `fs` alone against the in-process emulator: the new version streams
+//! into an object beside the file's while the file keeps its old version, and replaces it
+//! at the close; a reader, a write elsewhere, a rename or an unlink meanwhile each get what
+//! they would from a staged rewrite, and nothing is left beside the file.
+
+mod fs_support;
+
+use fs_support::{assert_no_entry, pattern, FsEnv};
+use rapidfs::fs::{Errno, ROOT_INO};
+
+/// The bytes of object `name` of bucket "b", as the service holds them.
+async fn in_bucket(env: &FsEnv, name: &str) -> Vec<u8> {
+    let meta = env.client.get_object("b", name).await.expect("object");
+    env.client
+        .read_once("b", name, meta.generation, 0, meta.size)
+        .await
+        .expect("read")
+        .to_vec()
+}
+
+/// Every object name in bucket "b".
+async fn names(env: &FsEnv) -> Vec<String> {
+    let page = env
+        .client
+        .list_page("b", &rapidfs::gcs::ListRequest::default())
+        .await
+        .expect("list");
+    page.objects.into_iter().map(|o| o.name).collect()
+}
+
+/// Opens the existing file `name` write-only with O_TRUNC: its inode and handle.
+async fn truncated(env: &FsEnv, name: &str) -> (u64, u64) {
+    let ino = env
+        .fs
+        .lookup(ROOT_INO, name)
+        .await
+        .expect("lookup")
+        .attr
+        .ino;
+    let opened = env
+        .fs
+        .open_write_only(ino, true)
+        .await
+        .expect("open O_WRONLY|O_TRUNC");
+    (ino, opened.fh)
+}
+
+#[test]
+fn the_new_version_streams_beside_the_old_one_which_it_replaces_at_the_close() {
+    let env = FsEnv::new("b", |_| {});
+    let old = pattern(1, 1000);
+    env.put("f", &old);
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let (ino, fh) = truncated(&env, "f").await;
+        assert_eq!(fs.getattr(ino).await.expect("stat").size, 0, "truncated");
+        let new = pattern(2, 3 << 20);
+        let before = env.emu().stats().bytes_received;
+        for (i, piece) in new.chunks(1 << 20).enumerate() {
+            fs.write(fh, (i << 20) as u64, piece.to_vec().into())
+                .await
+                .expect("write");
+        }
+        // The bytes stream out as they are written, not at the close: the service takes
+        // them in while the handle stays open.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while env.emu().stats().bytes_received - before < 2 << 20 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "only {} bytes reached the service before the close",
+                env.emu().stats().bytes_received - before
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert_eq!(in_bucket(&env, "f").await, old, "the old version stays");
+        assert_eq!(fs.getattr(ino).await.expect("stat").size, 3 << 20);
+        fs.flush(fh).await.expect("close");
+        assert!(in_bucket(&env, "f").await == new);
+        fs.release_write(fh).await;
+        assert_eq!(names(&env).await, ["f"]);
+    });
+}
+
+#[test]
+fn closed_without_a_write_the_file_is_empty() {
+    let env = FsEnv::new("b", |_| {});
+    env.put("f", &pattern(1, 1000));
+    env.rt.block_on(async {
+        let (_, fh) = truncated(&env, "f").await;
+        env.fs.flush(fh).await.expect("close");
+        env.fs.release_write(fh).await;
+        assert!(in_bucket(&env, "f").await.is_empty());
+        assert_eq!(names(&env).await, ["f"]);
+    });
+}
+
+/// A write that is not an append puts what was written in place, then edits a staged copy
+/// of it: the file ends as written.
+#[test]
+fn a_write_before_the_end_still_ends_as_written() {
+    let env = FsEnv::new("b", |_| {});
+    env.put("f", &pattern(1, 1000));
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let (_, fh) = truncated(&env, "f").await;
+        let mut want = pattern(2, 100);
+        fs.write(fh, 0, want.clone().into()).await.expect("write");
+        fs.write(fh, 10, b"XY".to_vec().into())
+            .await
+            .expect("write back");
+        want[10..12].copy_from_slice(b"XY");
+        fs.flush(fh).await.expect("close");
+        fs.release_write(fh).await;
+        assert_eq!(in_bucket(&env, "f").await, want);
+        assert_eq!(names(&env).await, ["f"]);
+    });
+}
+
+/// A reader that opens the file meanwhile reads what was written (POSIX has the truncation
+/// happen at the open); the writer goes on appending after it.
+#[test]
+fn a_reader_opening_meanwhile_reads_the_new_bytes_and_the_writer_goes_on() {
+    let env = FsEnv::new("b", |_| {});
+    env.put("f", &pattern(1, 1000));
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let (ino, fh) = truncated(&env, "f").await;
+        let first = pattern(2, 100);
+        fs.write(fh, 0, first.clone().into()).await.expect("write");
+        let r = fs.open(ino, false, false).await.expect("open to read");
+        assert_eq!(&fs.read(r.fh, 0, 1000).await.expect("read")[..], &first[..]);
+        fs.release(r.fh);
+        let second = pattern(3, 100);
+        fs.write(fh, 100, second.clone().into())
+            .await
+            .expect("write on");
+        fs.flush(fh).await.expect("close");
+        fs.release_write(fh).await;
+        assert_eq!(in_bucket(&env, "f").await, [first, second].concat());
+        assert_eq!(names(&env).await, ["f"]);
+    });
+}
+
+/// Another client replaced the file meanwhile: the close fails (ESTALE), the other client's
+/// version stays, and the new version is not left beside it.
+#[test]
+fn a_file_replaced_meanwhile_is_not_overwritten() {
+    let env = FsEnv::new("b", |_| {});
+    env.put("f", &pattern(1, 1000));
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let (_, fh) = truncated(&env, "f").await;
+        fs.write(fh, 0, pattern(2, 100).into())
+            .await
+            .expect("write");
+        env.put("f", b"theirs");
+        assert_eq!(fs.flush(fh).await, Err(Errno::ESTALE));
+        fs.release_write(fh).await;
+        assert_eq!(in_bucket(&env, "f").await, b"theirs");
+        assert_eq!(names(&env).await, ["f"]);
+    });
+}
+
+/// A rename while the new version streams moves the file with what was written, and the
+/// writer goes on under the new name.
+#[test]
+fn a_rename_meanwhile_moves_the_new_version() {
+    let env = FsEnv::new("b", |_| {});
+    env.put("f", &pattern(1, 1000));
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let (_, fh) = truncated(&env, "f").await;
+        let first = pattern(2, 100);
+        fs.write(fh, 0, first.clone().into()).await.expect("write");
+        fs.rename(ROOT_INO, "f", ROOT_INO, "g", 0)
+            .await
+            .expect("rename");
+        let second = pattern(3, 100);
+        fs.write(fh, 100, second.clone().into())
+            .await
+            .expect("write on");
+        fs.flush(fh).await.expect("close");
+        fs.release_write(fh).await;
+        assert_no_entry(fs, ROOT_INO, "f").await;
+        assert_eq!(in_bucket(&env, "g").await, [first, second].concat());
+        assert_eq!(names(&env).await, ["g"]);
+    });
+}
+
+/// An unlink while the new version streams removes the file; its handle writes on into a
+/// copy nobody will see (POSIX), and nothing is left in the bucket.
+#[test]
+fn an_unlink_meanwhile_leaves_nothing() {
+    let env = FsEnv::new("b", |_| {});
+    env.put("f", &pattern(1, 1000));
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let (_, fh) = truncated(&env, "f").await;
+        fs.write(fh, 0, pattern(2, 100).into())
+            .await
+            .expect("write");
+        fs.unlink(ROOT_INO, "f").await.expect("unlink");
+        fs.write(fh, 100, pattern(3, 100).into())
+            .await
+            .expect("write on");
+        fs.flush(fh).await.expect("close");
+        fs.release_write(fh).await;
+        assert_no_entry(fs, ROOT_INO, "f").await;
+        assert!(names(&env).await.is_empty());
+    });
+}
