@@ -210,3 +210,109 @@ fn an_unlink_meanwhile_leaves_nothing() {
         assert!(names(&env).await.is_empty());
     });
 }
+
+/// A regular sidecar's SIGTERM (`sync_writes`) makes the streamed bytes durable beside the
+/// file but does not publish the new version half-written: the file keeps its old version
+/// until the close.
+#[test]
+fn sync_writes_does_not_publish_a_half_written_new_version() {
+    let env = FsEnv::new("b", |_| {});
+    let old = pattern(1, 1000);
+    env.put("f", &old);
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let (_, fh) = truncated(&env, "f").await;
+        let new = pattern(2, 5000);
+        fs.write(fh, 0, new.clone().into()).await.expect("write");
+        fs.sync_writes().await;
+        assert_eq!(in_bucket(&env, "f").await, old);
+        fs.flush(fh).await.expect("close");
+        fs.release_write(fh).await;
+        assert_eq!(in_bucket(&env, "f").await, new);
+    });
+}
+
+/// A second handle that opens the file for writing and reading while its new version
+/// streams beside it reads that version: it is put in place first.
+#[test]
+fn a_handle_joining_the_writer_reads_the_new_version() {
+    let env = FsEnv::new("b", |_| {});
+    env.put("f", &pattern(1, 1000));
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let (ino, a) = truncated(&env, "f").await;
+        let first = pattern(2, 100);
+        fs.write(a, 0, first.clone().into()).await.expect("write");
+        let b = fs.open_write(ino, false).await.expect("open O_RDWR").fh;
+        assert_eq!(&fs.read(b, 0, 1000).await.expect("read")[..], &first[..]);
+        let second = pattern(3, 100);
+        fs.write(a, 100, second.clone().into())
+            .await
+            .expect("write on");
+        fs.flush(a).await.expect("close a");
+        fs.release_write(a).await;
+        fs.flush(b).await.expect("close b");
+        fs.release_write(b).await;
+        assert_eq!(in_bucket(&env, "f").await, [first, second].concat());
+        assert_eq!(names(&env).await, ["f"]);
+    });
+}
+
+/// The file this mount wrote last epoch is an unfinalized appendable object; a server that
+/// refuses to replace one gets the old generation deleted, then the new version moved in.
+#[test]
+fn an_unfinalized_file_is_replaced_even_where_the_server_refuses_to_replace_it() {
+    let env = FsEnv::new("b", |_| {});
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let (_, opened) = fs
+            .create(ROOT_INO, "f", libc::O_WRONLY)
+            .await
+            .expect("create");
+        fs.write(opened.fh, 0, pattern(1, 1000).into())
+            .await
+            .expect("write");
+        fs.flush(opened.fh).await.expect("close");
+        fs.release_write(opened.fh).await;
+        let before = env.client.get_object("b", "f").await.expect("f");
+        assert!(!before.finalized);
+        env.emu().set_faults(rapidfs::emulator::Faults {
+            refuse_replace_unfinalized: true,
+            ..Default::default()
+        });
+        let (_, fh) = truncated(&env, "f").await;
+        let new = pattern(2, 3000);
+        fs.write(fh, 0, new.clone().into()).await.expect("write");
+        fs.flush(fh).await.expect("close");
+        fs.release_write(fh).await;
+        assert!(
+            env.emu().stats().faults_injected >= 1,
+            "the move was refused"
+        );
+        env.emu().set_faults(rapidfs::emulator::Faults::default());
+        assert_eq!(in_bucket(&env, "f").await, new);
+        assert_eq!(names(&env).await, ["f"]);
+    });
+}
+
+/// `cmd > file` opens, hands the descriptor over (dup2) and closes the opener's: that close
+/// writes nothing yet, and the new version is put in place when the last one goes.
+#[test]
+fn a_close_before_any_write_leaves_the_writing_to_a_dup() {
+    let env = FsEnv::new("b", |_| {});
+    let old = pattern(1, 1000);
+    env.put("f", &old);
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let (_, fh) = truncated(&env, "f").await;
+        fs.flush(fh).await.expect("the opener's close");
+        assert_eq!(in_bucket(&env, "f").await, old, "nothing placed yet");
+        let new = pattern(2, 3000);
+        fs.write(fh, 0, new.clone().into())
+            .await
+            .expect("the dup writes");
+        fs.release_write(fh).await;
+        assert_eq!(in_bucket(&env, "f").await, new);
+        assert_eq!(names(&env).await, ["f"]);
+    });
+}

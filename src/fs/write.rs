@@ -387,10 +387,17 @@ impl Writes {
     }
 
     /// Starts the new version of `fw`'s file that a write-only open with O_TRUNC makes
-    /// (`State::Replacing`), when `fw` has nothing else going: false (and nothing changed)
-    /// otherwise.
+    /// (`State::Replacing`), when `fw` has nothing else going and one handle: false (and
+    /// nothing changed) otherwise.
     pub async fn replace_truncated(&self, fw: &Arc<FileWriter>) -> bool {
         let mut st = fw.state.lock().await;
+        // A handle that joined since could read, and would read the object.
+        let one_handle = lock(&self.by_ino)
+            .get(&fw.inode.ino)
+            .is_some_and(|(w, handles)| Arc::ptr_eq(w, fw) && *handles == 1);
+        if !one_handle {
+            return false;
+        }
         let State::Idle {
             generation,
             ended: None,
@@ -409,6 +416,13 @@ impl Writes {
         fw.size.store(0, Ordering::Release);
         fw.exact.store(true, Ordering::Release);
         true
+    }
+
+    /// Puts the new version `fw` streams beside its file in place, if it does: a handle that
+    /// joins the writer needs the file's object to hold it.
+    pub async fn place_for_new_handle(&self, fw: &FileWriter) -> FsResult<()> {
+        let mut st = fw.state.lock().await;
+        self.place(fw, &mut st, false).await
     }
 
     /// Puts the new version a `Replacing` writer streamed in place of generation `base` of
@@ -433,23 +447,28 @@ impl Writes {
         };
         drop(held);
         let placed = match ended {
-            Ok(written) => {
-                self.client
-                    .move_into_place(&self.bucket, &aside, &key, &written, Some(base))
-                    .await
-            }
+            Ok(written) => self
+                .client
+                .move_into_place(&self.bucket, &aside, &key, &written, Some(base))
+                .await
+                .map(|meta| (meta, written.size)),
             Err(e) => {
                 self.client.discard(&self.bucket, &aside, generation).await;
                 Err(e)
             }
         };
         match placed {
-            Ok(meta) => {
-                fw.inode.replace(ObjMeta::from(&meta));
-                fw.size.store(meta.size, Ordering::Release);
+            Ok((meta, size)) => {
+                // The size is the stream's: the service's metadata of an unfinalized object
+                // can lag behind its appends.
+                fw.inode.replace(ObjMeta {
+                    size,
+                    ..ObjMeta::from(&meta)
+                });
+                fw.size.store(size, Ordering::Release);
                 *st = State::Idle {
                     generation: meta.generation,
-                    ended: (!meta.finalized).then_some(meta.size),
+                    ended: (!meta.finalized).then_some(size),
                 };
                 Ok(())
             }
@@ -859,7 +878,12 @@ impl Writes {
                     }
                 }
             }
-            // Finalized here for the same reason.
+            // Nothing written yet through the only handle: as above, a dup may write next,
+            // and the release places what it wrote. Else finalized here for the same reason.
+            State::Replacing { w, held, base } if only_handle && w.written() == 0 => {
+                *st = State::Replacing { w, held, base };
+                Ok(())
+            }
             replacing @ State::Replacing { .. } => {
                 *st = replacing;
                 self.place(fw, &mut st, only_handle && self.finalize_on_close)
@@ -902,10 +926,22 @@ impl Writes {
     /// bytes are read from the staged copy).
     pub async fn persist_appends(&self, fw: &FileWriter) -> FsResult<bool> {
         let mut st = fw.state.lock().await;
-        match &*st {
+        match &mut *st {
             State::Staged(_) => Ok(false),
             State::Open { .. } => persist_stream(fw, &mut st).await.map(|()| true),
-            State::Replacing { .. } => self.place(fw, &mut st, false).await.map(|()| true),
+            // A regular sidecar's SIGTERM lands here: the new version is made durable beside
+            // the file, not published half-written. Its only handle cannot read.
+            State::Replacing { w, held, .. } => match w.flush().await {
+                Ok(_) => {
+                    held.settle(0);
+                    Ok(true)
+                }
+                Err(e) => {
+                    let errno = log_err("fsync", &fw.inode.key(), &e);
+                    *st = State::Failed(errno);
+                    Err(errno)
+                }
+            },
             State::Failed(e) => Err(*e),
             State::Idle { .. } | State::Done => Ok(true),
         }

@@ -135,12 +135,28 @@ impl Fs {
         self.inner.handles.set_writer(opened.fh, fw.clone());
         // Its own writer's staged copy, if any, is read as the writer's.
         self.inner.handles.set_rewrite(opened.fh, None);
+        if !alone {
+            // Joining a writer that streams a new version beside the file: that version goes
+            // in place first, and this handle reads it.
+            let placed = self.inner.writes.place_for_new_handle(&fw).await;
+            let fresh = placed.and_then(|()| inode.meta().0.ok_or(Errno::EIO));
+            match fresh {
+                Ok(m) if m.generation != meta.generation => {
+                    let read = Arc::new(self.inner.reads.open(&inode.key(), &m, false));
+                    if let Some(old) = self.inner.handles.replace_read_side(opened.fh, read) {
+                        self.inner.reads.release(&old);
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    self.release_write(opened.fh).await;
+                    return Err(e);
+                }
+            }
+        }
         // A handle that reads would read the object, which keeps the old version.
-        let streamed = truncate
-            && write_only
-            && alone
-            && meta.size > 0
-            && self.inner.writes.replace_truncated(&fw).await;
+        let streamed =
+            truncate && write_only && alone && self.inner.writes.replace_truncated(&fw).await;
         if truncate && !streamed {
             if let Err(e) = self.inner.writes.set_size(&fw, 0).await {
                 self.release_write(opened.fh).await;
