@@ -29,6 +29,30 @@ async fn names(env: &FsEnv) -> Vec<String> {
     page.objects.into_iter().map(|o| o.name).collect()
 }
 
+/// Writes `len` bytes of `pattern(seed, ..)` at `offset` through handle `fh`: the bytes.
+async fn wrote(env: &FsEnv, fh: u64, offset: u64, seed: u8, len: usize) -> Vec<u8> {
+    let bytes = pattern(seed, len);
+    env.fs
+        .write(fh, offset, bytes.clone().into())
+        .await
+        .expect("write");
+    bytes
+}
+
+/// close(2) of handle `fh`, then its release.
+async fn closed(env: &FsEnv, fh: u64) {
+    env.fs.flush(fh).await.expect("close");
+    env.fs.release_write(fh).await;
+}
+
+/// An environment whose bucket holds "f", 1,000 bytes: the bytes.
+fn with_a_file() -> (FsEnv, Vec<u8>) {
+    let env = FsEnv::new("b", |_| {});
+    let old = pattern(1, 1000);
+    env.put("f", &old);
+    (env, old)
+}
+
 /// Opens the existing file `name` write-only with O_TRUNC: its inode and handle.
 async fn truncated(env: &FsEnv, name: &str) -> (u64, u64) {
     let ino = env
@@ -48,9 +72,7 @@ async fn truncated(env: &FsEnv, name: &str) -> (u64, u64) {
 
 #[test]
 fn the_new_version_streams_beside_the_old_one_which_it_replaces_at_the_close() {
-    let env = FsEnv::new("b", |_| {});
-    let old = pattern(1, 1000);
-    env.put("f", &old);
+    let (env, old) = with_a_file();
     let fs = &env.fs;
     env.rt.block_on(async {
         let (ino, fh) = truncated(&env, "f").await;
@@ -84,12 +106,10 @@ fn the_new_version_streams_beside_the_old_one_which_it_replaces_at_the_close() {
 
 #[test]
 fn closed_without_a_write_the_file_is_empty() {
-    let env = FsEnv::new("b", |_| {});
-    env.put("f", &pattern(1, 1000));
+    let (env, _) = with_a_file();
     env.rt.block_on(async {
         let (_, fh) = truncated(&env, "f").await;
-        env.fs.flush(fh).await.expect("close");
-        env.fs.release_write(fh).await;
+        closed(&env, fh).await;
         assert!(in_bucket(&env, "f").await.is_empty());
         assert_eq!(names(&env).await, ["f"]);
     });
@@ -99,8 +119,7 @@ fn closed_without_a_write_the_file_is_empty() {
 /// of it: the file ends as written.
 #[test]
 fn a_write_before_the_end_still_ends_as_written() {
-    let env = FsEnv::new("b", |_| {});
-    env.put("f", &pattern(1, 1000));
+    let (env, _) = with_a_file();
     let fs = &env.fs;
     env.rt.block_on(async {
         let (_, fh) = truncated(&env, "f").await;
@@ -110,8 +129,7 @@ fn a_write_before_the_end_still_ends_as_written() {
             .await
             .expect("write back");
         want[10..12].copy_from_slice(b"XY");
-        fs.flush(fh).await.expect("close");
-        fs.release_write(fh).await;
+        closed(&env, fh).await;
         assert_eq!(in_bucket(&env, "f").await, want);
         assert_eq!(names(&env).await, ["f"]);
     });
@@ -121,22 +139,16 @@ fn a_write_before_the_end_still_ends_as_written() {
 /// happen at the open); the writer goes on appending after it.
 #[test]
 fn a_reader_opening_meanwhile_reads_the_new_bytes_and_the_writer_goes_on() {
-    let env = FsEnv::new("b", |_| {});
-    env.put("f", &pattern(1, 1000));
+    let (env, _) = with_a_file();
     let fs = &env.fs;
     env.rt.block_on(async {
         let (ino, fh) = truncated(&env, "f").await;
-        let first = pattern(2, 100);
-        fs.write(fh, 0, first.clone().into()).await.expect("write");
+        let first = wrote(&env, fh, 0, 2, 100).await;
         let r = fs.open(ino, false, false).await.expect("open to read");
         assert_eq!(&fs.read(r.fh, 0, 1000).await.expect("read")[..], &first[..]);
         fs.release(r.fh);
-        let second = pattern(3, 100);
-        fs.write(fh, 100, second.clone().into())
-            .await
-            .expect("write on");
-        fs.flush(fh).await.expect("close");
-        fs.release_write(fh).await;
+        let second = wrote(&env, fh, 100, 3, 100).await;
+        closed(&env, fh).await;
         assert_eq!(in_bucket(&env, "f").await, [first, second].concat());
         assert_eq!(names(&env).await, ["f"]);
     });
@@ -146,14 +158,11 @@ fn a_reader_opening_meanwhile_reads_the_new_bytes_and_the_writer_goes_on() {
 /// version stays, and the new version is not left beside it.
 #[test]
 fn a_file_replaced_meanwhile_is_not_overwritten() {
-    let env = FsEnv::new("b", |_| {});
-    env.put("f", &pattern(1, 1000));
+    let (env, _) = with_a_file();
     let fs = &env.fs;
     env.rt.block_on(async {
         let (_, fh) = truncated(&env, "f").await;
-        fs.write(fh, 0, pattern(2, 100).into())
-            .await
-            .expect("write");
+        wrote(&env, fh, 0, 2, 100).await;
         env.put("f", b"theirs");
         assert_eq!(fs.flush(fh).await, Err(Errno::ESTALE));
         fs.release_write(fh).await;
@@ -166,22 +175,16 @@ fn a_file_replaced_meanwhile_is_not_overwritten() {
 /// writer goes on under the new name.
 #[test]
 fn a_rename_meanwhile_moves_the_new_version() {
-    let env = FsEnv::new("b", |_| {});
-    env.put("f", &pattern(1, 1000));
+    let (env, _) = with_a_file();
     let fs = &env.fs;
     env.rt.block_on(async {
         let (_, fh) = truncated(&env, "f").await;
-        let first = pattern(2, 100);
-        fs.write(fh, 0, first.clone().into()).await.expect("write");
+        let first = wrote(&env, fh, 0, 2, 100).await;
         fs.rename(ROOT_INO, "f", ROOT_INO, "g", 0)
             .await
             .expect("rename");
-        let second = pattern(3, 100);
-        fs.write(fh, 100, second.clone().into())
-            .await
-            .expect("write on");
-        fs.flush(fh).await.expect("close");
-        fs.release_write(fh).await;
+        let second = wrote(&env, fh, 100, 3, 100).await;
+        closed(&env, fh).await;
         assert_no_entry(fs, ROOT_INO, "f").await;
         assert_eq!(in_bucket(&env, "g").await, [first, second].concat());
         assert_eq!(names(&env).await, ["g"]);
@@ -192,20 +195,14 @@ fn a_rename_meanwhile_moves_the_new_version() {
 /// copy nobody will see (POSIX), and nothing is left in the bucket.
 #[test]
 fn an_unlink_meanwhile_leaves_nothing() {
-    let env = FsEnv::new("b", |_| {});
-    env.put("f", &pattern(1, 1000));
+    let (env, _) = with_a_file();
     let fs = &env.fs;
     env.rt.block_on(async {
         let (_, fh) = truncated(&env, "f").await;
-        fs.write(fh, 0, pattern(2, 100).into())
-            .await
-            .expect("write");
+        wrote(&env, fh, 0, 2, 100).await;
         fs.unlink(ROOT_INO, "f").await.expect("unlink");
-        fs.write(fh, 100, pattern(3, 100).into())
-            .await
-            .expect("write on");
-        fs.flush(fh).await.expect("close");
-        fs.release_write(fh).await;
+        wrote(&env, fh, 100, 3, 100).await;
+        closed(&env, fh).await;
         assert_no_entry(fs, ROOT_INO, "f").await;
         assert!(names(&env).await.is_empty());
     });
@@ -216,18 +213,14 @@ fn an_unlink_meanwhile_leaves_nothing() {
 /// until the close.
 #[test]
 fn sync_writes_does_not_publish_a_half_written_new_version() {
-    let env = FsEnv::new("b", |_| {});
-    let old = pattern(1, 1000);
-    env.put("f", &old);
+    let (env, old) = with_a_file();
     let fs = &env.fs;
     env.rt.block_on(async {
         let (_, fh) = truncated(&env, "f").await;
-        let new = pattern(2, 5000);
-        fs.write(fh, 0, new.clone().into()).await.expect("write");
+        let new = wrote(&env, fh, 0, 2, 5000).await;
         fs.sync_writes().await;
         assert_eq!(in_bucket(&env, "f").await, old);
-        fs.flush(fh).await.expect("close");
-        fs.release_write(fh).await;
+        closed(&env, fh).await;
         assert_eq!(in_bucket(&env, "f").await, new);
     });
 }
@@ -236,19 +229,14 @@ fn sync_writes_does_not_publish_a_half_written_new_version() {
 /// streams beside it reads that version: it is put in place first.
 #[test]
 fn a_handle_joining_the_writer_reads_the_new_version() {
-    let env = FsEnv::new("b", |_| {});
-    env.put("f", &pattern(1, 1000));
+    let (env, _) = with_a_file();
     let fs = &env.fs;
     env.rt.block_on(async {
         let (ino, a) = truncated(&env, "f").await;
-        let first = pattern(2, 100);
-        fs.write(a, 0, first.clone().into()).await.expect("write");
+        let first = wrote(&env, a, 0, 2, 100).await;
         let b = fs.open_write(ino, false).await.expect("open O_RDWR").fh;
         assert_eq!(&fs.read(b, 0, 1000).await.expect("read")[..], &first[..]);
-        let second = pattern(3, 100);
-        fs.write(a, 100, second.clone().into())
-            .await
-            .expect("write on");
+        let second = wrote(&env, a, 100, 3, 100).await;
         fs.flush(a).await.expect("close a");
         fs.release_write(a).await;
         fs.flush(b).await.expect("close b");
@@ -281,10 +269,8 @@ fn an_unfinalized_file_is_replaced_even_where_the_server_refuses_to_replace_it()
             ..Default::default()
         });
         let (_, fh) = truncated(&env, "f").await;
-        let new = pattern(2, 3000);
-        fs.write(fh, 0, new.clone().into()).await.expect("write");
-        fs.flush(fh).await.expect("close");
-        fs.release_write(fh).await;
+        let new = wrote(&env, fh, 0, 2, 3000).await;
+        closed(&env, fh).await;
         assert!(
             env.emu().stats().faults_injected >= 1,
             "the move was refused"
@@ -299,18 +285,13 @@ fn an_unfinalized_file_is_replaced_even_where_the_server_refuses_to_replace_it()
 /// writes nothing yet, and the new version is put in place when the last one goes.
 #[test]
 fn a_close_before_any_write_leaves_the_writing_to_a_dup() {
-    let env = FsEnv::new("b", |_| {});
-    let old = pattern(1, 1000);
-    env.put("f", &old);
+    let (env, old) = with_a_file();
     let fs = &env.fs;
     env.rt.block_on(async {
         let (_, fh) = truncated(&env, "f").await;
         fs.flush(fh).await.expect("the opener's close");
         assert_eq!(in_bucket(&env, "f").await, old, "nothing placed yet");
-        let new = pattern(2, 3000);
-        fs.write(fh, 0, new.clone().into())
-            .await
-            .expect("the dup writes");
+        let new = wrote(&env, fh, 0, 2, 3000).await;
         fs.release_write(fh).await;
         assert_eq!(in_bucket(&env, "f").await, new);
         assert_eq!(names(&env).await, ["f"]);
