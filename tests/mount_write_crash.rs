@@ -1,6 +1,7 @@
 //! Durability across a daemon crash, and the daemon's memory while writing: the `rapidfs`
 //! binary (its own process) mounts the emulator of this test; it is killed with SIGKILL right
-//! after `fsync` or `close` returns, and the bucket must hold every acknowledged byte.
+//! after `fsync` or `close` returns, and the bucket must hold every acknowledged byte (or,
+//! killed halfway through an overwrite, the old version).
 //!
 //! Over loopback the emulator receives bytes almost as soon as they are handed to the stream,
 //! so a daemon that answered fsync without waiting would mostly get away with it. The crash
@@ -99,6 +100,47 @@ fn sigkill_right_after_close_loses_nothing() {
     let got = meta(&env.rt, &c, BUCKET, "closed.bin");
     assert_eq!(got.size, 64 * MIB as u64, "every closed byte");
     assert!(bytes(&env.rt, &c, BUCKET, "closed.bin") == chunks(3, 64));
+}
+
+/// `torch.save` over last epoch's file, killed halfway: the file keeps its old version (the
+/// new one streams beside it until the close).
+#[test]
+fn sigkill_halfway_through_an_overwrite_keeps_the_old_version() {
+    let env = Env::new(BUCKET);
+    let c = client(&env.rt, &env.emu().endpoint());
+    let mnt = tempfile::tempdir().expect("tempdir");
+    let old = chunks(4, 8);
+    env.put(BUCKET, "last.pt", &old);
+    let child = daemon(&env, mnt.path(), &[]);
+    let mut f = std::fs::File::create(mnt.path().join("last.pt")).expect("open over it");
+    for i in 0..16 {
+        f.write_all(&chunk(5, i)).expect("write");
+    }
+    kill(child);
+    drop(f);
+    assert!(
+        bytes(&env.rt, &c, BUCKET, "last.pt") == old,
+        "the old version, whole"
+    );
+}
+
+/// The same overwrite, closed before the kill (its streams cut every 3.5 MiB): the close
+/// returned only once the new version was in place, whole.
+#[test]
+fn sigkill_right_after_the_close_of_an_overwrite_loses_nothing() {
+    let env = Env::new(BUCKET);
+    let c = client(&env.rt, &env.emu().endpoint());
+    let mnt = tempfile::tempdir().expect("tempdir");
+    env.put(BUCKET, "last.pt", &chunks(4, 8));
+    env.emu().set_faults(cut_every_3_5_mib());
+    let child = daemon(&env, mnt.path(), &[]);
+    let mut f = std::fs::File::create(mnt.path().join("last.pt")).expect("open over it");
+    for i in 0..32 {
+        f.write_all(&chunk(6, i)).expect("write");
+    }
+    drop(f);
+    kill(child);
+    assert!(bytes(&env.rt, &c, BUCKET, "last.pt") == chunks(6, 32));
 }
 
 fn vm_hwm_kib(pid: u32) -> u64 {
