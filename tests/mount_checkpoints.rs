@@ -73,6 +73,21 @@ fn torch_save_then_load_after_a_daemon_kill() {
     );
 }
 
+/// Saving `last.pt` every epoch: the second `torch.save` opens the first one's file
+/// write-only with O_TRUNC and streams over it.
+#[test]
+fn torch_save_over_last_epochs_file_then_load_after_a_daemon_kill() {
+    save_kill_load(
+        r#"
+path = os.path.join(root, "last.pt")
+torch.save({k: v * 0 for k, v in state.items()}, path)
+torch.save(state, path)
+same(state, torch.load(path))
+"#,
+        r#"same(state, torch.load(os.path.join(root, "last.pt")))"#,
+    );
+}
+
 #[test]
 fn distributed_checkpoint_save_then_load_after_a_daemon_kill() {
     save_kill_load(
