@@ -115,20 +115,47 @@ fn closed_without_a_write_the_file_is_empty() {
     });
 }
 
-/// A write that is not an append puts what was written in place, then edits a staged copy
-/// of it: the file ends as written.
+/// A write that is not an append (`zipfile` patching its headers) or a size change moves
+/// what was streamed into a staged copy: the file keeps its old version until the close,
+/// then ends as written, and nothing is left beside it.
 #[test]
-fn a_write_before_the_end_still_ends_as_written() {
-    let (env, _) = with_a_file();
+fn a_write_before_the_end_or_a_size_change_stages_and_keeps_the_old_version() {
+    let (env, old) = with_a_file();
     let fs = &env.fs;
     env.rt.block_on(async {
         let (_, fh) = truncated(&env, "f").await;
-        let mut want = pattern(2, 100);
-        fs.write(fh, 0, want.clone().into()).await.expect("write");
+        let mut want = wrote(&env, fh, 0, 2, 100).await;
         fs.write(fh, 10, b"XY".to_vec().into())
             .await
             .expect("write back");
         want[10..12].copy_from_slice(b"XY");
+        assert_eq!(in_bucket(&env, "f").await, old, "the old version stays");
+        assert_eq!(
+            names(&env).await,
+            ["f"],
+            "the streamed bytes went to the copy"
+        );
+        closed(&env, fh).await;
+        assert_eq!(in_bucket(&env, "f").await, want);
+
+        let (ino, fh) = truncated(&env, "f").await;
+        let mut want = wrote(&env, fh, 0, 3, 100).await;
+        fs.setattr(
+            ino,
+            rapidfs::fs::SetAttr {
+                size: Some(60),
+                fh: Some(fh),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("ftruncate");
+        want.truncate(60);
+        assert_eq!(
+            in_bucket(&env, "f").await.len(),
+            100,
+            "the last version stays"
+        );
         closed(&env, fh).await;
         assert_eq!(in_bucket(&env, "f").await, want);
         assert_eq!(names(&env).await, ["f"]);

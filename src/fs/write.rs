@@ -56,9 +56,10 @@ enum State {
     /// A write-only open with O_TRUNC of an existing object: streaming the file's new
     /// version into an object of its own beside it (`gcs/upload.rs`), which replaces
     /// generation `base` of the file's object when it is placed (`Writes::place`): at fsync or
-    /// close, or as soon as the file's object must hold what was written (a write that is not
-    /// an append, a size change, a reader, a rename, an unlink). Until then the file's object
-    /// keeps its old version, as a staged rewrite leaves it, without a staged copy.
+    /// close, or as soon as the file's object must hold what was written (a reader, a rename,
+    /// another handle). A write that is not an append, a size change or an unlink stages it
+    /// instead (`Writes::stage_aside`). Until then the file's object keeps its old version, as
+    /// a staged rewrite leaves it, without a staged copy.
     Replacing {
         w: Box<AppendWriter>,
         held: Held,
@@ -284,7 +285,8 @@ impl Writes {
             return;
         };
         let mut st = fw.state.lock().await;
-        if self.place(&fw, &mut st, false).await.is_err() {
+        if matches!(*st, State::Replacing { .. }) {
+            let _ = self.stage_aside(&fw, &mut st, None).await;
             return;
         }
         let next = match &*st {
@@ -425,6 +427,53 @@ impl Writes {
         self.place(fw, &mut st, false).await
     }
 
+    /// Leaves `Replacing` for staging without touching the file's object: what was streamed
+    /// beside it (up to `keep` bytes) is made durable, copied into a staged copy and deleted.
+    /// The copy replaces generation `base` at fsync or close, as any rewrite's does, so the
+    /// file keeps its old version until then (`zipfile` seeks back to patch its headers).
+    async fn stage_aside(
+        &self,
+        fw: &FileWriter,
+        st: &mut State,
+        keep: Option<u64>,
+    ) -> FsResult<()> {
+        if !matches!(st, State::Replacing { .. }) {
+            return Ok(());
+        }
+        let State::Replacing { w, held, base } = std::mem::replace(st, State::Done) else {
+            return Ok(());
+        };
+        let aside = w.object().to_string();
+        let generation = w.generation();
+        let closed = w.close().await;
+        drop(held);
+        let written = match closed {
+            Ok(written) => written,
+            Err(e) => {
+                self.client.discard(&self.bucket, &aside, generation).await;
+                let errno = log_err("stage", &fw.inode.key(), &e);
+                *st = State::Failed(errno);
+                return Err(errno);
+            }
+        };
+        let upto = keep.map_or(written.size, |k| k.min(written.size));
+        let mut staged = self
+            .stage_object(&aside, written.generation, Some(upto))
+            .await;
+        self.client
+            .discard(&self.bucket, &aside, written.generation)
+            .await;
+        if let State::Staged(s) = &mut staged {
+            s.base = base;
+            s.dirty = true;
+        }
+        *st = staged;
+        match st {
+            State::Failed(e) => Err(*e),
+            _ => Ok(()),
+        }
+    }
+
     /// Puts the new version a `Replacing` writer streamed in place of generation `base` of
     /// its file's object: the stream is closed (finalized when `finalize`), then moved onto
     /// the file's name. The writer goes on as after a close(2) of its stream, idle at the
@@ -554,9 +603,8 @@ impl Writes {
         let key = fw.inode.key();
         let mut st = fw.state.lock().await;
         if let State::Replacing { w, .. } = &*st {
-            // Anything but an append needs the new version in place (then staged from it).
             if offset.is_some_and(|o| o != w.written()) {
-                self.place(fw, &mut st, false).await?;
+                self.stage_aside(fw, &mut st, None).await?;
             }
         }
         if let State::Idle { generation, ended } = *st {
@@ -620,7 +668,7 @@ impl Writes {
             if w.written() == size {
                 return Ok(());
             }
-            self.place(fw, &mut st, false).await?;
+            self.stage_aside(fw, &mut st, Some(size)).await?;
         }
         let next = match &mut *st {
             State::Idle { generation, ended } => {
