@@ -161,6 +161,18 @@ fn moved(st: &mut State, generation: i64) {
     }
 }
 
+/// The parts of a `Replacing` writer, taken out of `st` (left `Done`); `None`, with `st` as
+/// it was, in any other state.
+fn take_replacing(st: &mut State) -> Option<(Box<AppendWriter>, Held, i64)> {
+    if !matches!(st, State::Replacing { .. }) {
+        return None;
+    }
+    match std::mem::replace(st, State::Done) {
+        State::Replacing { w, held, base } => Some((w, held, base)),
+        _ => None,
+    }
+}
+
 /// Flushes the stream of `fw`, whose state `st` is `Open`; a failure fails the writer.
 async fn persist_stream(fw: &FileWriter, st: &mut State) -> FsResult<()> {
     let State::Open { w, held } = st else {
@@ -437,10 +449,7 @@ impl Writes {
         st: &mut State,
         keep: Option<u64>,
     ) -> FsResult<()> {
-        if !matches!(st, State::Replacing { .. }) {
-            return Ok(());
-        }
-        let State::Replacing { w, held, base } = std::mem::replace(st, State::Done) else {
+        let Some((w, held, base)) = take_replacing(st) else {
             return Ok(());
         };
         let aside = w.object().to_string();
@@ -480,10 +489,7 @@ impl Writes {
     /// moved object. A failure fails the writer (ESTALE when the object is no longer `base`)
     /// and deletes the new version. Nothing to do in any other state.
     async fn place(&self, fw: &FileWriter, st: &mut State, finalize: bool) -> FsResult<()> {
-        if !matches!(st, State::Replacing { .. }) {
-            return Ok(());
-        }
-        let State::Replacing { w, held, base } = std::mem::replace(st, State::Done) else {
+        let Some((w, held, base)) = take_replacing(st) else {
             return Ok(());
         };
         let key = fw.inode.key();
