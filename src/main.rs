@@ -19,23 +19,7 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 /// pages about to be reused: at 1 ms a 1 GiB read cost the daemon half as much CPU again.
 const PURGE_DELAY_MS: std::ffi::c_long = 100;
 
-/// Turns transparent huge pages off for this process and its children, unless the
-/// environment's MIMALLOC_ALLOW_THP asks mimalloc for a choice of its own. mimalloc marks its
-/// arenas MADV_HUGEPAGE but purges freed memory by 4 KiB pages, so a purged page's next use
-/// faulted in and zeroed a whole 2 MiB page: 60% of the memory emulator's CPU while small
-/// files were written (0.21 ms a file, 0.10 without). The prctl holds for memory already
-/// mapped and is inherited across fork and exec, so the daemon `mount` spawns has it too.
-fn disable_transparent_huge_pages() {
-    if std::env::var_os("MIMALLOC_ALLOW_THP").is_some() {
-        return;
-    }
-    // SAFETY: PR_SET_THP_DISABLE takes one integer and touches no memory of ours. On a kernel
-    // without it the call fails, and the process goes on with huge pages as before.
-    unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
-}
-
 fn main() -> std::process::ExitCode {
-    disable_transparent_huge_pages();
     // The environment's MIMALLOC_PURGE_DELAY, read by mimalloc itself, wins.
     if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
         // SAFETY: sets one of mimalloc's options, which it reads atomically when it next
@@ -54,14 +38,5 @@ mod tests {
         // SAFETY: reads one option.
         let ms = unsafe { libmimalloc_sys::mi_option_get(super::MI_OPTION_PURGE_DELAY) };
         assert_eq!(ms, 1000);
-    }
-
-    #[test]
-    fn transparent_huge_pages_are_off_after_the_call() {
-        std::env::remove_var("MIMALLOC_ALLOW_THP");
-        super::disable_transparent_huge_pages();
-        // SAFETY: reads this process's flag.
-        let disabled = unsafe { libc::prctl(libc::PR_GET_THP_DISABLE, 0, 0, 0, 0) };
-        assert_eq!(disabled, 1);
     }
 }
