@@ -6,7 +6,7 @@
 
 mod fs_support;
 
-use fs_support::{assert_no_entry, pattern, FsEnv};
+use fs_support::{assert_no_entry, entries, pattern, FsEnv};
 use rapidfs::fs::{Errno, ROOT_INO};
 
 /// The bytes of object `name` of bucket "b", as the service holds them.
@@ -322,5 +322,68 @@ fn a_close_before_any_write_leaves_the_writing_to_a_dup() {
         fs.release_write(fh).await;
         assert_eq!(in_bucket(&env, "f").await, new);
         assert_eq!(names(&env).await, ["f"]);
+    });
+}
+
+#[test]
+fn the_object_streamed_beside_a_file_is_neither_listed_nor_found_nor_creatable() {
+    let (env, _) = with_a_file();
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let (_, fh) = truncated(&env, "f").await;
+        let new = wrote(&env, fh, 0, 2, 1 << 20).await;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let aside = loop {
+            if let Some(n) = names(&env).await.into_iter().find(|n| n != "f") {
+                break n;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no object beside the file"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        };
+        assert!(aside.starts_with(".rapidfs-upload-"), "{aside}");
+        assert_eq!(
+            entries(fs, ROOT_INO).await,
+            [("f".to_string(), rapidfs::fs::Kind::File)]
+        );
+        assert_no_entry(fs, ROOT_INO, &aside).await;
+        assert_eq!(
+            fs.create(ROOT_INO, &aside, libc::O_WRONLY).await.err(),
+            Some(Errno::EINVAL)
+        );
+        assert_eq!(fs.mkdir(ROOT_INO, &aside).await.err(), Some(Errno::EINVAL));
+        closed(&env, fh).await;
+        assert!(in_bucket(&env, "f").await == new);
+        assert_eq!(names(&env).await, ["f"]);
+    });
+}
+
+#[test]
+fn rmdir_of_a_directory_that_shows_empty_deletes_what_an_upload_left_in_it() {
+    let env = FsEnv::new("b", |_| {});
+    let leftover = "d/.rapidfs-upload-0123456789abcdef";
+    env.put(
+        leftover,
+        b"the new version of a file whose daemon was killed",
+    );
+    env.put("e/.rapidfs-upload-fedcba9876543210", b"another");
+    env.put("e/kept", b"a file");
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let d = fs.lookup(ROOT_INO, "d").await.expect("d").attr.ino;
+        assert!(entries(fs, d).await.is_empty());
+        fs.rmdir(ROOT_INO, "d").await.expect("rmdir of d");
+        assert_no_entry(fs, ROOT_INO, "d").await;
+        assert_eq!(
+            fs.rmdir(ROOT_INO, "e").await.err(),
+            Some(Errno(libc::ENOTEMPTY))
+        );
+        assert_eq!(
+            names(&env).await,
+            ["e/.rapidfs-upload-fedcba9876543210", "e/kept"],
+            "only d's leftover is deleted"
+        );
     });
 }

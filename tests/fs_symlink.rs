@@ -7,26 +7,10 @@
 mod fs_support;
 
 use bytes::Bytes;
-use fs_support::{assert_no_entry, FsEnv};
+use fs_support::{assert_no_entry, entries, FsEnv};
 use rapidfs::config::Config;
 use rapidfs::fs::{Errno, Fs, Kind, ROOT_INO};
 use rapidfs::gcs::Symlink;
-
-/// The (name, kind) of every entry of directory `ino` after `.` and `..`.
-async fn entries(fs: &Fs, ino: u64) -> Vec<(String, Kind)> {
-    let fh = fs.opendir(ino).expect("opendir");
-    let mut out = Vec::new();
-    fs.readdir(fh, 0, |it| {
-        if it.name != "." && it.name != ".." {
-            out.push((it.name.to_string(), it.kind));
-        }
-        false
-    })
-    .await
-    .expect("readdir");
-    fs.releasedir(fh);
-    out
-}
 
 #[test]
 fn a_link_is_made_read_listed_renamed_and_removed() {

@@ -2,7 +2,9 @@
 //!
 //! Object names are plain strings; `/` makes directories only by convention. A component that
 //! is empty, `.` or `..`, longer than 255 bytes, or holds a NUL cannot be a file name, so such
-//! objects are hidden rather than shown under a mangled name.
+//! objects are hidden rather than shown under a mangled name. So are the objects an upload
+//! writes beside its target before moving them onto it (`gcs::is_aside_name`): they are not
+//! files of anyone's, and a reader who opened one would find it moved away.
 
 /// Longest file name Linux accepts in one path component.
 pub const NAME_MAX: usize = 255;
@@ -15,6 +17,7 @@ pub fn is_visible(name: &str) -> bool {
         && name.len() <= NAME_MAX
         && !name.contains('/')
         && !name.contains('\0')
+        && !crate::gcs::is_aside_name(name)
 }
 
 /// Normalizes a `--only-dir` prefix to the form directory keys use: no leading `/`, one
@@ -56,7 +59,10 @@ mod tests {
     fn odd_names_are_hidden() {
         assert!(is_visible("a.txt"));
         assert!(is_visible(&"x".repeat(255)));
-        for bad in ["", ".", "..", "a/b", "nul\0", &"x".repeat(256)] {
+        assert!(is_visible(".rapidfs-upload-0123"));
+        assert!(is_visible(".rapidfs-upload-0123456789abcdefg"));
+        let aside = ".rapidfs-upload-0123456789abcdef";
+        for bad in ["", ".", "..", "a/b", "nul\0", &"x".repeat(256), aside] {
             assert!(!is_visible(bad), "{bad:?}");
         }
     }

@@ -22,6 +22,14 @@ use std::sync::Arc;
 /// `renameat2` flags this filesystem understands.
 const RENAME_NOREPLACE: u32 = libc::RENAME_NOREPLACE;
 
+/// What `dir_contents` found in a directory.
+enum DirContents {
+    /// Entries a listing shows.
+    Entries,
+    /// None; only these aside objects (name, generation).
+    Empty { asides: Vec<(String, i64)> },
+}
+
 impl Fs {
     pub(super) fn check_name(name: &str) -> FsResult<()> {
         if name.len() > names::NAME_MAX {
@@ -133,8 +141,10 @@ impl Fs {
         Ok(self.entry(&inode))
     }
 
-    /// Whether directory `dkey` holds anything (an object or a sub-folder).
-    async fn dir_has_entries(&self, dkey: &str) -> FsResult<bool> {
+    /// Whether directory `dkey` holds anything but its marker and the aside objects of
+    /// uploads (`gcs::is_aside_name`, which listings hide); those it returns, as (name,
+    /// generation), for a removal of the directory to delete.
+    async fn dir_contents(&self, dkey: &str) -> FsResult<DirContents> {
         let i = &self.inner;
         let mut req = ListRequest {
             prefix: dkey.to_string(),
@@ -143,19 +153,26 @@ impl Fs {
             include_folders_as_prefixes: true,
             ..Default::default()
         };
+        let mut asides = Vec::new();
         loop {
             let page = i
                 .client
                 .list_page(&i.bucket, &req)
                 .await
                 .map_err(|e| log_err("rmdir", dkey, &e))?;
+            if !page.prefixes.is_empty() {
+                return Ok(DirContents::Entries);
+            }
             // The directory's own marker object (`dkey` itself) is not an entry.
-            if !page.prefixes.is_empty() || page.objects.iter().any(|o| o.name != dkey) {
-                return Ok(true);
+            for o in page.objects.into_iter().filter(|o| o.name != dkey) {
+                if !gcs::is_aside_name(names::base_name(&o.name)) {
+                    return Ok(DirContents::Entries);
+                }
+                asides.push((o.name, o.generation));
             }
             // A page may be shorter than asked for, even empty, with more to come.
             if page.next_page_token.is_empty() {
-                return Ok(false);
+                return Ok(DirContents::Empty { asides });
             }
             req.page_token = page.next_page_token;
         }
@@ -167,8 +184,15 @@ impl Fs {
         // A file created in it may not have reached the service yet (one whose create
         // failed is not there, which the listing below shows).
         let _ = self.settle_created_under(dkey).await;
-        if self.dir_has_entries(dkey).await? {
-            return Err(Errno(libc::ENOTEMPTY));
+        let asides = match self.dir_contents(dkey).await? {
+            DirContents::Entries => return Err(Errno(libc::ENOTEMPTY)),
+            DirContents::Empty { asides } => asides,
+        };
+        // What a directory that shows empty still holds is an upload's leftover (a daemon
+        // killed mid-upload) or one about to land in it, which the removal wins as it would
+        // win over a create racing it. The service would refuse to delete a folder with it.
+        for (aside, generation) in asides {
+            i.client.discard(&i.bucket, &aside, generation).await;
         }
         // The marker first: the service counts it as content of the folder, which it would
         // then refuse to delete.

@@ -25,6 +25,7 @@ mod writer;
 pub use meta::{ListPage, ListRequest, ObjectMeta, Symlink};
 pub use reader::{BidiReader, PendingRead};
 pub use unary::{BucketInfo, MoveSource, StorageLayout};
+pub use upload::is_aside_name;
 pub use writer::AppendWriter;
 
 use crate::config::GcsConfig;

@@ -234,8 +234,18 @@ impl Client {
     }
 }
 
+/// How the last segment of an aside object's name begins; 16 hex digits follow.
+const ASIDE_PREFIX: &str = ".rapidfs-upload-";
+
 /// A new name for the bytes of an upload to `object`, in its folder.
 fn aside_name(object: &str) -> String {
     let folder = object.rfind('/').map_or("", |i| &object[..=i]);
-    format!("{folder}.rapidfs-upload-{:016x}", rand::random::<u64>())
+    format!("{folder}{ASIDE_PREFIX}{:016x}", rand::random::<u64>())
+}
+
+/// True when `name`, one segment of an object name, is that of an upload's aside object:
+/// bytes on their way to another name, or left by an upload that never finished.
+pub fn is_aside_name(name: &str) -> bool {
+    name.strip_prefix(ASIDE_PREFIX)
+        .is_some_and(|n| n.len() == 16 && n.bytes().all(|b| b.is_ascii_hexdigit()))
 }

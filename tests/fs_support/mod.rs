@@ -21,6 +21,22 @@ pub async fn assert_no_entry(fs: &Fs, parent: u64, name: &str) {
     );
 }
 
+/// The (name, kind) of every entry of directory `ino` after `.` and `..`.
+pub async fn entries(fs: &Fs, ino: u64) -> Vec<(String, rapidfs::fs::Kind)> {
+    let fh = fs.opendir(ino).expect("opendir");
+    let mut out = Vec::new();
+    fs.readdir(fh, 0, |it| {
+        if it.name != "." && it.name != ".." {
+            out.push((it.name.to_string(), it.kind));
+        }
+        false
+    })
+    .await
+    .expect("readdir");
+    fs.releasedir(fh);
+    out
+}
+
 /// An emulator, a runtime and an `Fs` over one bucket of it.
 pub struct FsEnv {
     env: Env,
