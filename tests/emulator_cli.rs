@@ -139,28 +139,3 @@ async fn serves_prints_the_endpoint_and_stops_on_sigterm() {
     };
     assert!(status.success(), "clean exit on SIGTERM: {status}");
 }
-
-/// The `THP_enabled` line of `/proc/PID/status`: 0 once the process turned huge pages off.
-fn thp_enabled(pid: u32) -> String {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("THP_enabled:"))
-        .unwrap_or_else(|| panic!("no THP_enabled line in /proc/{pid}/status"))
-        .trim()
-        .to_string()
-}
-
-#[test]
-fn a_memory_backed_emulator_runs_without_transparent_huge_pages_and_a_directory_one_with() {
-    let dir = tempfile::tempdir().unwrap();
-    let memory = emulator_support::spawn_emulator(&["--memory", "--listen", "127.0.0.1:0"]);
-    let directory = emulator_support::spawn_emulator(&[
-        "--root",
-        dir.path().to_str().unwrap(),
-        "--listen",
-        "127.0.0.1:0",
-    ]);
-    assert_eq!(thp_enabled(memory.child.id()), "0");
-    assert_eq!(thp_enabled(directory.child.id()), "1");
-}

@@ -187,23 +187,6 @@ async fn stop_signal() {
     }
 }
 
-/// Turns transparent huge pages off for this process, unless the environment's
-/// MIMALLOC_ALLOW_THP asks mimalloc for a choice of its own. A memory-backed bucket grows by
-/// every object written; in huge pages each step faulted in and zeroed 2 MiB at once, and on
-/// VMs that hand freed memory back to their host that cost 60% of the emulator's CPU while
-/// small files were written (0.14-0.29 CPU-ms per 64 KiB file against 0.09-0.12 without).
-/// Big streamed objects paid more without them (0.56 against 0.26 CPU-s/GiB), but the
-/// emulator's per-file cost is what hides the daemon's in the small-file benchmarks; the
-/// directory backend, whose objects are files, keeps them.
-fn disable_transparent_huge_pages() {
-    if std::env::var_os("MIMALLOC_ALLOW_THP").is_some() {
-        return;
-    }
-    // SAFETY: PR_SET_THP_DISABLE takes one integer and touches no memory of ours. On a kernel
-    // without it the call fails, and the emulator goes on with huge pages.
-    unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
-}
-
 /// Runs the emulator until SIGINT or SIGTERM.
 pub fn run(
     args: EmulatorArgs,
@@ -228,9 +211,6 @@ pub fn run(
     };
     let stats_file = args.stats_file.clone();
     let (opts, listen) = resolve(args)?;
-    if opts.memory {
-        disable_transparent_huge_pages();
-    }
     let runtime = crate::machine::serving_runtime("emulator", crate::machine::Serving::Emulator)
         .context("cannot start the async runtime")?;
     if let Some(path) = stats_file {
