@@ -325,6 +325,37 @@ fn a_close_before_any_write_leaves_the_writing_to_a_dup() {
     });
 }
 
+/// Another process's close of an inherited descriptor (a shell redirection's child, after
+/// the opener closed without writing) is what ends the writing: it places the new version.
+/// While the opener still writes, such a close only makes the new version durable beside it.
+#[test]
+fn an_inherited_descriptor_s_close_places_only_once_the_opener_closed() {
+    let (env, old) = with_a_file();
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let (ino, fh) = truncated(&env, "f").await;
+        let first = wrote(&env, fh, 0, 2, 3000).await;
+        fs.flush_inherited(ino, fh).await.expect("a child's close");
+        assert_eq!(in_bucket(&env, "f").await, old, "the opener still writes");
+        assert_eq!(names(&env).await.len(), 2, "the new version waits beside");
+        let rest = wrote(&env, fh, 3000, 3, 1000).await;
+        closed(&env, fh).await;
+        assert!(in_bucket(&env, "f").await == [first, rest].concat());
+
+        let (ino, fh) = truncated(&env, "f").await;
+        fs.flush(fh)
+            .await
+            .expect("the opener's close, before any write");
+        let new = wrote(&env, fh, 0, 4, 2000).await;
+        fs.flush_inherited(ino, fh)
+            .await
+            .expect("the child's close");
+        assert_eq!(in_bucket(&env, "f").await, new);
+        fs.release_write(fh).await;
+        assert_eq!(names(&env).await, ["f"]);
+    });
+}
+
 #[test]
 fn the_object_streamed_beside_a_file_is_neither_listed_nor_found_nor_creatable() {
     let (env, _) = with_a_file();

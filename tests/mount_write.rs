@@ -451,3 +451,35 @@ fn an_idle_writer_cannot_starve_the_others_of_write_budget() {
     );
     drop(idle);
 }
+
+/// A forked child's exit during an overwrite (`torch.save` over last.pt while the process
+/// starts a subprocess) flushes the new version beside the file, but does not put it in
+/// place half-written: the file keeps its old version until the parent's close.
+#[test]
+fn a_child_exiting_during_an_overwrite_leaves_the_old_version_to_the_parent_s_close() {
+    let env = Env::new(BUCKET);
+    let old = b"the old version".to_vec();
+    env.put(BUCKET, "last.pt", &old);
+    let m = env.mount(BUCKET, &env.config());
+    let c = client(&env.rt, &env.emu().endpoint());
+    let mut f = std::fs::File::create(m.p("last.pt")).expect("open over it");
+    f.write_all(&chunks(7, 2)).expect("write");
+    // SAFETY: the child only calls _exit, which is async-signal-safe.
+    let child = unsafe { libc::fork() };
+    assert!(child >= 0, "fork");
+    if child == 0 {
+        unsafe { libc::_exit(0) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child just forked.
+    assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+    assert_eq!(
+        bytes(&env.rt, &c, BUCKET, "last.pt"),
+        old,
+        "the child's exit published the new version half-written"
+    );
+    f.write_all(&chunk(7, 2))
+        .expect("write after the child's exit");
+    drop(f);
+    assert!(bytes(&env.rt, &c, BUCKET, "last.pt") == chunks(7, 3));
+}

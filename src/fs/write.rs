@@ -64,6 +64,9 @@ enum State {
         w: Box<AppendWriter>,
         held: Held,
         base: i64,
+        /// The opener's close came before any write (a shell redirection's), so the close of
+        /// a descriptor it passed on (`Writes::flush_inherited`) places the new version.
+        opener_closed: bool,
     },
     /// Editing a staged copy.
     Staged(Box<Staged>),
@@ -168,8 +171,27 @@ fn take_replacing(st: &mut State) -> Option<(Box<AppendWriter>, Held, i64)> {
         return None;
     }
     match std::mem::replace(st, State::Done) {
-        State::Replacing { w, held, base } => Some((w, held, base)),
+        State::Replacing { w, held, base, .. } => Some((w, held, base)),
         _ => None,
+    }
+}
+
+/// Makes what `fw`'s `Replacing` state `st` streamed durable beside the file, without
+/// placing it; a failure fails the writer.
+async fn persist_aside(fw: &FileWriter, st: &mut State) -> FsResult<()> {
+    let State::Replacing { w, held, .. } = st else {
+        return Ok(());
+    };
+    match w.flush().await {
+        Ok(_) => {
+            held.settle(0);
+            Ok(())
+        }
+        Err(e) => {
+            let errno = log_err("fsync", &fw.inode.key(), &e);
+            *st = State::Failed(errno);
+            Err(errno)
+        }
     }
 }
 
@@ -426,6 +448,7 @@ impl Writes {
             w: Box::new(w),
             held: self.held(0),
             base: generation,
+            opener_closed: false,
         };
         fw.size.store(0, Ordering::Release);
         fw.exact.store(true, Ordering::Release);
@@ -895,8 +918,8 @@ impl Writes {
     /// leave together), which spares the release that follows a round trip of its own. A
     /// descriptor still open on the same handle (a dup, a forked child) that writes again
     /// takes the object over, as a later open would, unless another writer has appended since
-    /// (see `not_taken_over`). Only the handle's opener closes this way: the FUSE layer
-    /// answers anyone else's close as an fsync.
+    /// (see `not_taken_over`). Only the handle's opener's process closes this way: another
+    /// process's close of a descriptor it inherited comes to `flush_inherited`.
     pub async fn closing(&self, fw: &FileWriter) -> FsResult<()> {
         let only_handle = lock(&self.by_ino)
             .get(&fw.inode.ino)
@@ -934,8 +957,13 @@ impl Writes {
             }
             // Nothing written yet through the only handle: as above, a dup may write next,
             // and the release places what it wrote. Else finalized here for the same reason.
-            State::Replacing { w, held, base } if only_handle && w.written() == 0 => {
-                *st = State::Replacing { w, held, base };
+            State::Replacing { w, held, base, .. } if only_handle && w.written() == 0 => {
+                *st = State::Replacing {
+                    w,
+                    held,
+                    base,
+                    opener_closed: true,
+                };
                 Ok(())
             }
             replacing @ State::Replacing { .. } => {
@@ -985,19 +1013,25 @@ impl Writes {
             State::Open { .. } => persist_stream(fw, &mut st).await.map(|()| true),
             // A regular sidecar's SIGTERM lands here: the new version is made durable beside
             // the file, not published half-written. Its only handle cannot read.
-            State::Replacing { w, held, .. } => match w.flush().await {
-                Ok(_) => {
-                    held.settle(0);
-                    Ok(true)
-                }
-                Err(e) => {
-                    let errno = log_err("fsync", &fw.inode.key(), &e);
-                    *st = State::Failed(errno);
-                    Err(errno)
-                }
-            },
+            State::Replacing { .. } => persist_aside(fw, &mut st).await.map(|()| true),
             State::Failed(e) => Err(*e),
             State::Idle { .. } | State::Done => Ok(true),
+        }
+    }
+
+    /// The close of a descriptor of `fw`'s handle by a process other than the opener's (a
+    /// forked child's exit or exec, which closes its copies of its parent's descriptors):
+    /// every byte written is persisted, and a stream its opener goes on writing stays open.
+    /// A new version streamed beside the file stays there, not published half-written,
+    /// unless the opener closed before writing, leaving the writing to that process.
+    pub async fn flush_inherited(&self, fw: &FileWriter) -> FsResult<()> {
+        let mut st = fw.state.lock().await;
+        match &*st {
+            State::Replacing {
+                opener_closed: false,
+                ..
+            } => persist_aside(fw, &mut st).await,
+            _ => self.flush_held(fw, &mut st).await,
         }
     }
 

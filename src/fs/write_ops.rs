@@ -282,11 +282,16 @@ impl Fs {
         }
     }
 
-    /// Whether process (thread) `pid` opened file handle `fh`. A close(2) by anyone else (a
-    /// forked child exiting or calling exec closes its copies of its parent's descriptors)
-    /// is answered as an fsync: it must not end a stream its opener goes on writing.
+    /// Whether thread `pid` belongs to the process that opened file handle `fh` (the opening
+    /// thread or another thread of its process). A close(2) by any other process (a forked
+    /// child exiting or calling exec closes its copies of its parent's descriptors) is
+    /// answered by `flush_inherited`: it must not end a stream its opener goes on writing,
+    /// nor publish a new version the opener is writing.
     pub fn opened_by(&self, fh: u64, pid: u32) -> bool {
-        self.inner.handles.opener(fh) == Some(pid)
+        self.inner
+            .handles
+            .opener(fh)
+            .is_some_and(|opener| opener == pid || same_process(opener, pid))
     }
 
     /// `close(2)` by the handle's opener: returns once the service persisted every byte
@@ -295,6 +300,16 @@ impl Fs {
         match self.inner.handles.writer(fh) {
             Some(fw) => self.inner.writes.closing(&fw).await,
             None => Ok(()),
+        }
+    }
+
+    /// `close(2)` of handle `fh` on file `ino` by a process other than its opener's (see
+    /// `opened_by`): every byte written to the file is persisted, as by `fsync`, but a new
+    /// version its opener is writing is not published (`Writes::flush_inherited`).
+    pub async fn flush_inherited(&self, ino: u64, fh: u64) -> FsResult<()> {
+        match self.inner.handles.writer(fh) {
+            Some(fw) => self.inner.writes.flush_inherited(&fw).await,
+            None => self.inner.writes.settle(ino).await,
         }
     }
 
@@ -391,5 +406,35 @@ impl Fs {
     /// `access(2)` for writing: refused on a read-only mount.
     pub fn may_write(&self) -> FsResult<()> {
         self.writable()
+    }
+}
+
+/// Whether threads `a` and `b` (ids in this daemon's pid namespace) belong to one process:
+/// `/proc/B/task/A` exists exactly when `a` is a thread of `b`'s process.
+fn same_process(a: u32, b: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{b}/task/{a}")).exists()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_process;
+
+    #[test]
+    fn threads_of_one_process_are_told_from_other_processes() {
+        // SAFETY: gettid takes no arguments and cannot fail.
+        let main = unsafe { libc::gettid() } as u32;
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            // SAFETY: as above.
+            tid_tx.send(unsafe { libc::gettid() } as u32).unwrap();
+            let _ = stop_rx.recv();
+        });
+        let other = tid_rx.recv().unwrap();
+        assert!(same_process(main, other));
+        assert!(same_process(other, main));
+        assert!(!same_process(main, 1), "init is another process");
+        drop(stop_tx);
+        thread.join().unwrap();
     }
 }

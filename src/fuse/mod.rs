@@ -700,9 +700,13 @@ impl Filesystem for FuseAdapter {
         if self.fs.opened_by(fh.0, req.pid()) {
             answer!(self, "flush", reply, |fs| fs.flush(fh.0), |()| reply.ok());
         } else {
-            answer!(self, "flush", reply, |fs| fs.fsync(ino.0, fh.0), |()| {
-                reply.ok()
-            });
+            answer!(
+                self,
+                "flush",
+                reply,
+                |fs| fs.flush_inherited(ino.0, fh.0),
+                |()| reply.ok()
+            );
         }
     }
 
