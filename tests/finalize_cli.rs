@@ -106,3 +106,78 @@ fn bad_targets_fail_with_one_line() {
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
 }
+
+/// What `rapidfs unfinalized` says on stderr.
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn what_a_killed_overwrite_left_is_counted_listed_and_deleted() {
+    let env = Env::new(BUCKET);
+    let old = chunks(2, 1);
+    env.put(BUCKET, "ckpt/last.pt", &old);
+    let c = client(&env.rt, &env.emu().endpoint());
+    let mnt = tempfile::tempdir().expect("tempdir");
+    let d = daemon(&env, mnt.path());
+    // `torch.save` over last epoch's file: write-only with O_TRUNC streams the new version
+    // into an object beside the file, which only the close puts in its place.
+    let mut f = std::fs::File::create(mnt.path().join("ckpt/last.pt")).expect("open");
+    f.write_all(&chunks(3, 3)).expect("write");
+    let names = || {
+        let page = env
+            .rt
+            .block_on(c.list_page(BUCKET, &rapidfs::gcs::ListRequest::default()))
+            .expect("list");
+        page.objects.into_iter().map(|o| o.name).collect::<Vec<_>>()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let aside = loop {
+        if let Some(n) = names().into_iter().find(|n| n != "ckpt/last.pt") {
+            break n;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no object beside the file"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    kill(d);
+    drop(f);
+    assert!(bytes(&env.rt, &c, BUCKET, "ckpt/last.pt") == old);
+
+    let o = rapidfs(&env, &["unfinalized", BUCKET]);
+    assert_eq!(stdout(&o), "", "no file is left unfinalized");
+    assert!(
+        stderr(&o).contains("1 more left by interrupted rewrites"),
+        "{}",
+        stderr(&o)
+    );
+    let listed = stdout(&rapidfs(&env, &["unfinalized", BUCKET, "--leftovers"]));
+    let fields: Vec<&str> = listed.trim_end().split('\t').collect();
+    assert_eq!(fields[0], format!("gs://{BUCKET}/{aside}"), "{listed}");
+    assert_eq!(fields.len(), 3, "{listed}");
+    // A day has not gone by: the default age keeps it.
+    let kept = stdout(&rapidfs(
+        &env,
+        &["unfinalized", BUCKET, "--delete-leftovers"],
+    ));
+    assert_eq!(kept, "");
+    assert_eq!(names().len(), 2);
+    let deleted = stdout(&rapidfs(
+        &env,
+        &[
+            "unfinalized",
+            BUCKET,
+            "--delete-leftovers",
+            "--older-than-hours",
+            "0",
+        ],
+    ));
+    assert!(
+        deleted.starts_with(&format!("deleted gs://{BUCKET}/{aside} (")),
+        "{deleted}"
+    );
+    assert_eq!(names(), ["ckpt/last.pt"]);
+    assert!(bytes(&env.rt, &c, BUCKET, "ckpt/last.pt") == old);
+}

@@ -3,6 +3,11 @@
 //! takes each object over (fencing any writer still holding it) and finishes it, with the
 //! whole-object CRC32C checked.
 //!
+//! The objects an interrupted rewrite left beside its file (`gcs::is_aside_name`: a daemon
+//! killed while it uploaded a new version, which mounts hide) are not listed as unfinalized
+//! files but counted; `--leftovers` lists them, and `--delete-leftovers` deletes those not
+//! updated for `--older-than-hours` (the generation seen), as a mount's `rmdir` does.
+//!
 //! A BUCKET is a bucket name or `gs://BUCKET/PREFIX`; a PATH is `gs://BUCKET/OBJECT` or a file
 //! inside a rapidfs mount. A mount is found in `/proc/self/mountinfo` (see `cli::mounts`);
 //! its control socket's `info` tells its bucket, endpoint
@@ -21,7 +26,7 @@ use futures::StreamExt;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 /// How to reach the bucket: the same flags as `rapidfs mount`.
 #[derive(Debug, Args, Clone)]
@@ -45,6 +50,22 @@ pub struct ConnArgs {
 pub struct UnfinalizedArgs {
     /// A rapidfs mountpoint (or a directory inside one), a bucket name, or gs://BUCKET/PREFIX.
     pub target: String,
+    /// List what interrupted rewrites left (hidden `.rapidfs-upload-*` objects) instead.
+    #[arg(long, conflicts_with = "delete_leftovers")]
+    pub leftovers: bool,
+    /// Delete what interrupted rewrites left, where it was not updated for --older-than-hours.
+    #[arg(long)]
+    pub delete_leftovers: bool,
+    /// How long a leftover must have gone without an update for --delete-leftovers. An upload
+    /// in progress appends to its object far more often; one through a descriptor kept open
+    /// without a write for a day is rare.
+    #[arg(
+        long,
+        value_name = "HOURS",
+        default_value_t = 24,
+        requires = "delete_leftovers"
+    )]
+    pub older_than_hours: u64,
     /// How to reach the bucket.
     #[command(flatten)]
     pub conn: ConnArgs,
@@ -229,7 +250,9 @@ fn runtime(
         .context("starting the runtime")
 }
 
-/// `rapidfs unfinalized`: one line per unfinalized object (path or URL, TAB, size).
+/// `rapidfs unfinalized`: one line per unfinalized object (path or URL, TAB, size); with
+/// `--leftovers`, one per aside object (path or URL, TAB, size, TAB, hours since its last
+/// update); with `--delete-leftovers`, one per aside object deleted.
 pub fn run_unfinalized(
     args: UnfinalizedArgs,
     log_level: Option<String>,
@@ -238,7 +261,7 @@ pub fn run_unfinalized(
     let place = resolve_target(&args.target, &args.conn)?;
     let cfg = client_config(&args.conn, place.endpoint.as_deref())?;
     let rt = runtime(log_level, log_format)?;
-    let found = rt.block_on(async {
+    let (files, leftovers, deleted, failed) = rt.block_on(async {
         let client = Client::connect(&cfg.gcs).await?;
         let req = ListRequest {
             prefix: place.prefix.clone(),
@@ -246,21 +269,67 @@ pub fn run_unfinalized(
             ..Default::default()
         };
         let mut pages = Box::pin(client.list(&place.bucket, req));
-        let mut found = 0usize;
+        let (mut files, mut leftovers, mut deleted, mut failed) = (0usize, 0usize, 0usize, 0usize);
+        let now = SystemTime::now();
+        let min_idle = Duration::from_secs(args.older_than_hours.saturating_mul(3600));
         while let Some(page) = pages.next().await {
-            for o in page?.objects.iter().filter(|o| !o.finalized) {
-                println!("{}\t{}", place.show(&o.name), o.size);
-                found += 1;
+            for o in page?.objects {
+                let base = o.name.rsplit('/').next().unwrap_or_default();
+                if !crate::gcs::is_aside_name(base) {
+                    if !o.finalized && !args.leftovers && !args.delete_leftovers {
+                        println!("{}\t{}", place.show(&o.name), o.size);
+                    }
+                    files += usize::from(!o.finalized);
+                    continue;
+                }
+                leftovers += 1;
+                let idle = now.duration_since(o.update_time).unwrap_or_default();
+                if args.leftovers {
+                    let hours = idle.as_secs_f64() / 3600.0;
+                    println!("{}\t{}\t{hours:.1}", place.show(&o.name), o.size);
+                } else if args.delete_leftovers && idle >= min_idle {
+                    match client
+                        .delete_object(&place.bucket, &o.name, Some(o.generation))
+                        .await
+                    {
+                        Ok(()) | Err(crate::gcs::Error::NotFound(_)) => {
+                            println!("deleted {} ({} bytes)", place.show(&o.name), o.size);
+                            deleted += 1;
+                        }
+                        Err(e) => {
+                            eprintln!("rapidfs: error: {}: {e}", place.show(&o.name));
+                            failed += 1;
+                        }
+                    }
+                }
             }
         }
-        Ok::<_, crate::gcs::Error>(found)
+        Ok::<_, crate::gcs::Error>((files, leftovers, deleted, failed))
     })?;
-    eprintln!(
-        "{found} unfinalized object{} in gs://{}/{}",
-        if found == 1 { "" } else { "s" },
-        place.bucket,
-        place.prefix
-    );
+    let plural = |n: usize| if n == 1 { "" } else { "s" };
+    let at = format!("gs://{}/{}", place.bucket, place.prefix);
+    if args.delete_leftovers {
+        eprintln!(
+            "deleted {deleted} of {leftovers} object{} interrupted rewrites left in {at} (those not updated for {} hours)",
+            plural(leftovers),
+            args.older_than_hours
+        );
+        if failed > 0 {
+            bail!("{failed} could not be deleted");
+        }
+    } else if args.leftovers {
+        eprintln!(
+            "{leftovers} object{} interrupted rewrites left in {at}",
+            plural(leftovers)
+        );
+    } else {
+        eprintln!("{files} unfinalized object{} in {at}", plural(files));
+        if leftovers > 0 {
+            eprintln!(
+                "{leftovers} more left by interrupted rewrites (hidden by mounts): --leftovers lists them, --delete-leftovers deletes them"
+            );
+        }
+    }
     Ok(())
 }
 
