@@ -327,7 +327,8 @@ fn a_close_before_any_write_leaves_the_writing_to_a_dup() {
 
 /// Another process's close of an inherited descriptor (a shell redirection's child, after
 /// the opener closed without writing) is what ends the writing: it places the new version.
-/// While the opener still writes, such a close only makes the new version durable beside it.
+/// While the opener still writes, such a close only makes the new version durable beside it,
+/// and leaves a staged rewrite unpublished.
 #[test]
 fn an_inherited_descriptor_s_close_places_only_once_the_opener_closed() {
     let (env, old) = with_a_file();
@@ -353,6 +354,18 @@ fn an_inherited_descriptor_s_close_places_only_once_the_opener_closed() {
         assert_eq!(in_bucket(&env, "f").await, new);
         fs.release_write(fh).await;
         assert_eq!(names(&env).await, ["f"]);
+
+        // A rewrite staged (`zipfile` patching a header) is not uploaded half-edited either.
+        let (ino, fh) = truncated(&env, "f").await;
+        let mut edited = wrote(&env, fh, 0, 5, 100).await;
+        fs.write(fh, 0, b"PK".to_vec().into())
+            .await
+            .expect("write back");
+        edited[..2].copy_from_slice(b"PK");
+        fs.flush_inherited(ino, fh).await.expect("a child's close");
+        assert_eq!(in_bucket(&env, "f").await, new, "the opener still writes");
+        closed(&env, fh).await;
+        assert_eq!(in_bucket(&env, "f").await, edited);
     });
 }
 

@@ -85,6 +85,9 @@ struct Staged {
     dirty: bool,
     /// The file was unlinked while open: its handles go on with this copy, never uploaded.
     unlinked: bool,
+    /// An opener's close came since the copy was staged, so the close of a descriptor it
+    /// passed on (`Writes::flush_inherited`) uploads what was written since.
+    opener_closed: bool,
 }
 
 /// The writer of one inode.
@@ -793,6 +796,7 @@ impl Writes {
                 base: generation,
                 dirty: false,
                 unlinked: false,
+                opener_closed: false,
             })),
             Err(e) => State::Failed(e),
         }
@@ -971,6 +975,11 @@ impl Writes {
                 self.place(fw, &mut st, only_handle && self.finalize_on_close)
                     .await
             }
+            State::Staged(mut s) => {
+                s.opener_closed = true;
+                *st = State::Staged(s);
+                self.flush_held(fw, &mut st).await
+            }
             other => {
                 *st = other;
                 self.flush_held(fw, &mut st).await
@@ -1022,8 +1031,9 @@ impl Writes {
     /// The close of a descriptor of `fw`'s handle by a process other than the opener's (a
     /// forked child's exit or exec, which closes its copies of its parent's descriptors):
     /// every byte written is persisted, and a stream its opener goes on writing stays open.
-    /// A new version streamed beside the file stays there, not published half-written,
-    /// unless the opener closed before writing, leaving the writing to that process.
+    /// A new version streamed beside the file stays there, and a staged copy is not uploaded,
+    /// neither published half-written, unless the opener closed, leaving the writing to that
+    /// process (a shell redirection's child).
     pub async fn flush_inherited(&self, fw: &FileWriter) -> FsResult<()> {
         let mut st = fw.state.lock().await;
         match &*st {
@@ -1031,6 +1041,7 @@ impl Writes {
                 opener_closed: false,
                 ..
             } => persist_aside(fw, &mut st).await,
+            State::Staged(s) if !s.opener_closed => Ok(()),
             _ => self.flush_held(fw, &mut st).await,
         }
     }

@@ -283,15 +283,27 @@ impl Fs {
     }
 
     /// Whether thread `pid` belongs to the process that opened file handle `fh` (the opening
-    /// thread or another thread of its process). A close(2) by any other process (a forked
-    /// child exiting or calling exec closes its copies of its parent's descriptors) is
-    /// answered by `flush_inherited`: it must not end a stream its opener goes on writing,
-    /// nor publish a new version the opener is writing.
+    /// thread or another thread of its process): its close(2) is the opener's `flush`.
     pub fn opened_by(&self, fh: u64, pid: u32) -> bool {
         self.inner
             .handles
             .opener(fh)
             .is_some_and(|opener| opener == pid || same_process(opener, pid))
+    }
+
+    /// Whether thread `pid` is known to belong to another process than the one that opened
+    /// `fh`: a forked child exiting or calling exec closes its copies of its parent's
+    /// descriptors, and such a close is answered by `flush_inherited`, which neither ends a
+    /// stream its opener goes on writing nor publishes a new version the opener is writing.
+    /// A close by a process this daemon cannot see (pid 0, another pid namespace) is neither
+    /// the opener's nor known to be another's: it is answered as an fsync.
+    pub fn inherited_by(&self, fh: u64, pid: u32) -> bool {
+        pid != 0
+            && self
+                .inner
+                .handles
+                .opener(fh)
+                .is_some_and(|opener| opener != pid && !same_process(opener, pid))
     }
 
     /// `close(2)` by the handle's opener: returns once the service persisted every byte
@@ -304,7 +316,7 @@ impl Fs {
     }
 
     /// `close(2)` of handle `fh` on file `ino` by a process other than its opener's (see
-    /// `opened_by`): every byte written to the file is persisted, as by `fsync`, but a new
+    /// `inherited_by`): every byte written to the file is persisted, as by `fsync`, but a new
     /// version its opener is writing is not published (`Writes::flush_inherited`).
     pub async fn flush_inherited(&self, ino: u64, fh: u64) -> FsResult<()> {
         match self.inner.handles.writer(fh) {

@@ -699,7 +699,7 @@ impl Filesystem for FuseAdapter {
         }
         if self.fs.opened_by(fh.0, req.pid()) {
             answer!(self, "flush", reply, |fs| fs.flush(fh.0), |()| reply.ok());
-        } else {
+        } else if self.fs.inherited_by(fh.0, req.pid()) {
             answer!(
                 self,
                 "flush",
@@ -707,6 +707,10 @@ impl Filesystem for FuseAdapter {
                 |fs| fs.flush_inherited(ino.0, fh.0),
                 |()| reply.ok()
             );
+        } else {
+            answer!(self, "flush", reply, |fs| fs.fsync(ino.0, fh.0), |()| {
+                reply.ok()
+            });
         }
     }
 
