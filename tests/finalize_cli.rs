@@ -149,14 +149,14 @@ fn what_a_killed_overwrite_left_is_counted_listed_and_deleted() {
     let o = rapidfs(&env, &["unfinalized", BUCKET]);
     assert_eq!(stdout(&o), "", "no file is left unfinalized");
     assert!(
-        stderr(&o).contains("1 more left by interrupted rewrites"),
+        stderr(&o).contains("1 more object of rewrites in progress or interrupted"),
         "{}",
         stderr(&o)
     );
     let listed = stdout(&rapidfs(&env, &["unfinalized", BUCKET, "--leftovers"]));
     let fields: Vec<&str> = listed.trim_end().split('\t').collect();
     assert_eq!(fields[0], format!("gs://{BUCKET}/{aside}"), "{listed}");
-    assert_eq!(fields.len(), 3, "{listed}");
+    assert_eq!(fields[3], "appendable", "{listed}");
     // A day has not gone by: the default age keeps it.
     let kept = stdout(&rapidfs(
         &env,

@@ -334,35 +334,33 @@ fn an_inherited_descriptor_s_close_places_only_once_the_opener_closed() {
     let (env, old) = with_a_file();
     let fs = &env.fs;
     env.rt.block_on(async {
-        let (ino, fh) = truncated(&env, "f").await;
+        let (_, fh) = truncated(&env, "f").await;
         let first = wrote(&env, fh, 0, 2, 3000).await;
-        fs.flush_inherited(ino, fh).await.expect("a child's close");
+        fs.flush_inherited(fh).await.expect("a child's close");
         assert_eq!(in_bucket(&env, "f").await, old, "the opener still writes");
         assert_eq!(names(&env).await.len(), 2, "the new version waits beside");
         let rest = wrote(&env, fh, 3000, 3, 1000).await;
         closed(&env, fh).await;
         assert!(in_bucket(&env, "f").await == [first, rest].concat());
 
-        let (ino, fh) = truncated(&env, "f").await;
+        let (_, fh) = truncated(&env, "f").await;
         fs.flush(fh)
             .await
             .expect("the opener's close, before any write");
         let new = wrote(&env, fh, 0, 4, 2000).await;
-        fs.flush_inherited(ino, fh)
-            .await
-            .expect("the child's close");
+        fs.flush_inherited(fh).await.expect("the child's close");
         assert_eq!(in_bucket(&env, "f").await, new);
         fs.release_write(fh).await;
         assert_eq!(names(&env).await, ["f"]);
 
         // A rewrite staged (`zipfile` patching a header) is not uploaded half-edited either.
-        let (ino, fh) = truncated(&env, "f").await;
+        let (_, fh) = truncated(&env, "f").await;
         let mut edited = wrote(&env, fh, 0, 5, 100).await;
         fs.write(fh, 0, b"PK".to_vec().into())
             .await
             .expect("write back");
         edited[..2].copy_from_slice(b"PK");
-        fs.flush_inherited(ino, fh).await.expect("a child's close");
+        fs.flush_inherited(fh).await.expect("a child's close");
         assert_eq!(in_bucket(&env, "f").await, new, "the opener still writes");
         closed(&env, fh).await;
         assert_eq!(in_bucket(&env, "f").await, edited);
@@ -407,15 +405,22 @@ fn the_object_streamed_beside_a_file_is_neither_listed_nor_found_nor_creatable()
 #[test]
 fn rmdir_of_a_directory_that_shows_empty_deletes_what_an_upload_left_in_it() {
     let env = FsEnv::new("b", |_| {});
-    let leftover = "d/.rapidfs-upload-0123456789abcdef";
-    env.put(
-        leftover,
-        b"the new version of a file whose daemon was killed",
-    );
     env.put("e/.rapidfs-upload-fedcba9876543210", b"another");
     env.put("e/kept", b"a file");
+    // A finalized one may be the only copy of a file (see `move_into_place`): kept.
+    env.put("f/.rapidfs-upload-00000000000000ff", b"moved nowhere");
     let fs = &env.fs;
     env.rt.block_on(async {
+        // The new version of a file whose daemon was killed mid-upload: appendable.
+        let mut w = env
+            .client
+            .create_appendable("b", "d/.rapidfs-upload-0123456789abcdef", Some(0))
+            .await
+            .expect("create");
+        w.append(b"half a checkpoint".to_vec().into())
+            .await
+            .expect("append");
+        w.close().await.expect("close");
         let d = fs.lookup(ROOT_INO, "d").await.expect("d").attr.ino;
         assert!(entries(fs, d).await.is_empty());
         fs.rmdir(ROOT_INO, "d").await.expect("rmdir of d");
@@ -425,8 +430,16 @@ fn rmdir_of_a_directory_that_shows_empty_deletes_what_an_upload_left_in_it() {
             Some(Errno(libc::ENOTEMPTY))
         );
         assert_eq!(
+            fs.rmdir(ROOT_INO, "f").await.err(),
+            Some(Errno(libc::ENOTEMPTY))
+        );
+        assert_eq!(
             names(&env).await,
-            ["e/.rapidfs-upload-fedcba9876543210", "e/kept"],
+            [
+                "e/.rapidfs-upload-fedcba9876543210",
+                "e/kept",
+                "f/.rapidfs-upload-00000000000000ff"
+            ],
             "only d's leftover is deleted"
         );
     });

@@ -483,3 +483,93 @@ fn a_child_exiting_during_an_overwrite_leaves_the_old_version_to_the_parent_s_cl
     drop(f);
     assert!(bytes(&env.rt, &c, BUCKET, "last.pt") == chunks(7, 3));
 }
+
+/// `subprocess.Popen(cmd, stdout=open(path, "wb"))` over an existing file: the opener closes
+/// its descriptor before the child writes, so the child's exit is the writer's close, which
+/// puts the new version in place before the parent's wait returns.
+#[test]
+fn a_child_left_the_writing_by_its_opener_places_the_new_version_at_its_exit() {
+    let env = Env::new(BUCKET);
+    env.put(BUCKET, "out.txt", b"the old version");
+    let m = env.mount(BUCKET, &env.config());
+    let c = client(&env.rt, &env.emu().endpoint());
+    let f = std::fs::File::create(m.p("out.txt")).expect("open over it");
+    let mut go = [0 as libc::c_int; 2];
+    // SAFETY: creates a pipe into an array of two descriptors.
+    assert_eq!(unsafe { libc::pipe(go.as_mut_ptr()) }, 0);
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+    let new = b"written by the child";
+    // SAFETY: the child only calls read, write and _exit, which are async-signal-safe.
+    let child = unsafe { libc::fork() };
+    assert!(child >= 0, "fork");
+    if child == 0 {
+        unsafe {
+            let mut byte = 0u8;
+            libc::read(go[0], (&mut byte as *mut u8).cast(), 1);
+            libc::write(fd, new.as_ptr().cast(), new.len());
+            libc::_exit(0);
+        }
+    }
+    drop(f);
+    // SAFETY: writes one byte to the pipe just made.
+    assert_eq!(unsafe { libc::write(go[1], b"g".as_ptr().cast(), 1) }, 1);
+    let mut status = 0;
+    // SAFETY: waits for the child just forked.
+    assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+    assert_eq!(bytes(&env.rt, &c, BUCKET, "out.txt"), new);
+    // SAFETY: closes the pipe's descriptors, ours.
+    unsafe {
+        libc::close(go[0]);
+        libc::close(go[1]);
+    }
+}
+
+/// A shell's `{ ...; } > file` over an existing file: the shell closes the descriptor it
+/// opened once it has a copy on its standard output, then writes through that copy, so a
+/// subshell's exit in between is another process's close, which publishes nothing. (The
+/// signals to the test go through subshells: a redirection of the shell's own standard
+/// output saves and restores it with a dup whose close is the shell's close.)
+#[test]
+fn a_subshell_s_exit_in_a_redirected_block_leaves_the_old_version_to_the_block_s_end() {
+    let env = Env::new(BUCKET);
+    env.put(BUCKET, "out.txt", b"the old version");
+    let m = env.mount(BUCKET, &env.config());
+    let c = client(&env.rt, &env.emu().endpoint());
+    let fifos = tempfile::tempdir().expect("tempdir");
+    let (ready, go) = (fifos.path().join("ready"), fifos.path().join("go"));
+    for p in [&ready, &go] {
+        let path = std::ffi::CString::new(p.to_str().expect("utf-8")).expect("path");
+        // SAFETY: makes a FIFO at a path of our temporary directory.
+        assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0);
+    }
+    let script = format!(
+        "{{ printf one; (exit 0); (echo > {r}); (read x < {g}); printf two; }} > {out}",
+        r = ready.display(),
+        g = go.display(),
+        out = m.p("out.txt").display()
+    );
+    /// The shell, killed if the test fails while it waits on a FIFO.
+    struct Shell(std::process::Child);
+    impl Drop for Shell {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut sh = Shell(
+        std::process::Command::new("bash")
+            .arg("-c")
+            .arg(&script)
+            .spawn()
+            .expect("bash"),
+    );
+    std::fs::read(&ready).expect("the subshell has exited");
+    assert_eq!(
+        bytes(&env.rt, &c, BUCKET, "out.txt"),
+        b"the old version",
+        "the subshell's exit published the block's output half-written"
+    );
+    std::fs::write(&go, b"\n").expect("go on");
+    assert!(sh.0.wait().expect("bash").success());
+    assert_eq!(bytes(&env.rt, &c, BUCKET, "out.txt"), b"onetwo");
+}

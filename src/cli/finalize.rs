@@ -53,7 +53,8 @@ pub struct UnfinalizedArgs {
     /// List what interrupted rewrites left (hidden `.rapidfs-upload-*` objects) instead.
     #[arg(long, conflicts_with = "delete_leftovers")]
     pub leftovers: bool,
-    /// Delete what interrupted rewrites left, where it was not updated for --older-than-hours.
+    /// Delete what interrupted rewrites left (appendable), where it was not updated for
+    /// --older-than-hours.
     #[arg(long)]
     pub delete_leftovers: bool,
     /// How long a leftover must have gone without an update for --delete-leftovers. An upload
@@ -252,7 +253,8 @@ fn runtime(
 
 /// `rapidfs unfinalized`: one line per unfinalized object (path or URL, TAB, size); with
 /// `--leftovers`, one per aside object (path or URL, TAB, size, TAB, hours since its last
-/// update); with `--delete-leftovers`, one per aside object deleted.
+/// update, TAB, finalized or appendable); with `--delete-leftovers`, one per aside object
+/// deleted (appendable ones only).
 pub fn run_unfinalized(
     args: UnfinalizedArgs,
     log_level: Option<String>,
@@ -283,11 +285,25 @@ pub fn run_unfinalized(
                     continue;
                 }
                 leftovers += 1;
-                let idle = now.duration_since(o.update_time).unwrap_or_default();
+                // An update time the service did not give (the epoch) says nothing of age.
+                let idle = (o.update_time > SystemTime::UNIX_EPOCH)
+                    .then(|| now.duration_since(o.update_time).unwrap_or_default());
                 if args.leftovers {
-                    let hours = idle.as_secs_f64() / 3600.0;
-                    println!("{}\t{}\t{hours:.1}", place.show(&o.name), o.size);
-                } else if args.delete_leftovers && idle >= min_idle {
+                    let hours = idle.map_or("?".to_string(), |d| {
+                        format!("{:.1}", d.as_secs_f64() / 3600.0)
+                    });
+                    let state = if o.finalized {
+                        "finalized"
+                    } else {
+                        "appendable"
+                    };
+                    println!("{}\t{}\t{hours}\t{state}", place.show(&o.name), o.size);
+                } else if args.delete_leftovers
+                    // A finalized one may be the only copy of a file whose old version was
+                    // deleted before a move that failed (its error named it): kept.
+                    && !o.finalized
+                    && idle.is_some_and(|d| d >= min_idle)
+                {
                     match client
                         .delete_object(&place.bucket, &o.name, Some(o.generation))
                         .await
@@ -326,7 +342,8 @@ pub fn run_unfinalized(
         eprintln!("{files} unfinalized object{} in {at}", plural(files));
         if leftovers > 0 {
             eprintln!(
-                "{leftovers} more left by interrupted rewrites (hidden by mounts): --leftovers lists them, --delete-leftovers deletes them"
+                "{leftovers} more object{} of rewrites in progress or interrupted (hidden by mounts): --leftovers lists them, --delete-leftovers deletes those of interrupted ones",
+                plural(leftovers)
             );
         }
     }

@@ -22,6 +22,9 @@ enum Open {
         rewrite: Option<Arc<FileWriter>>,
         /// The process (thread id) that opened it, when the kernel said.
         opener: Option<u32>,
+        /// The opener closed its descriptor and has not written since: what is written
+        /// through the handle now comes from a process it passed the descriptor to.
+        opener_closed: bool,
     },
     Dir {
         ino: u64,
@@ -79,6 +82,7 @@ impl Handles {
             writer: None,
             rewrite: None,
             opener: None,
+            opener_closed: false,
         })
     }
 
@@ -157,6 +161,25 @@ impl Handles {
         if let Some(Open::File { opener, .. }) = self.table().get_mut(&fh) {
             *opener = Some(pid);
         }
+    }
+
+    /// Notes whether the opener of file handle `fh` has closed its descriptor (see
+    /// `Open::File::opener_closed`).
+    pub(super) fn set_opener_closed(&self, fh: u64, closed: bool) {
+        if let Some(Open::File { opener_closed, .. }) = self.table().get_mut(&fh) {
+            *opener_closed = closed;
+        }
+    }
+
+    /// Whether the opener of file handle `fh` has closed its descriptor and not written since.
+    pub(super) fn opener_closed(&self, fh: u64) -> bool {
+        matches!(
+            self.table().get(&fh),
+            Some(Open::File {
+                opener_closed: true,
+                ..
+            })
+        )
     }
 
     /// The process (thread) that opened file handle `fh`, when known.

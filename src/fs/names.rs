@@ -61,6 +61,10 @@ mod tests {
         assert!(is_visible(&"x".repeat(255)));
         assert!(is_visible(".rapidfs-upload-0123"));
         assert!(is_visible(".rapidfs-upload-0123456789abcdefg"));
+        assert!(
+            is_visible(".rapidfs-upload-0123456789ABCDEF"),
+            "ours are lowercase"
+        );
         let aside = ".rapidfs-upload-0123456789abcdef";
         for bad in ["", ".", "..", "a/b", "nul\0", &"x".repeat(256), aside] {
             assert!(!is_visible(bad), "{bad:?}");

@@ -141,9 +141,9 @@ impl Fs {
         Ok(self.entry(&inode))
     }
 
-    /// Whether directory `dkey` holds anything but its marker and the aside objects of
-    /// uploads (`gcs::is_aside_name`, which listings hide); those it returns, as (name,
-    /// generation), for a removal of the directory to delete.
+    /// Whether directory `dkey` holds anything but its marker and the unfinalized aside
+    /// objects of uploads (`gcs::is_aside_name`, which listings hide); those it returns, as
+    /// (name, generation), for a removal of the directory to delete.
     async fn dir_contents(&self, dkey: &str) -> FsResult<DirContents> {
         let i = &self.inner;
         let mut req = ListRequest {
@@ -165,7 +165,9 @@ impl Fs {
             }
             // The directory's own marker object (`dkey` itself) is not an entry.
             for o in page.objects.into_iter().filter(|o| o.name != dkey) {
-                if !gcs::is_aside_name(names::base_name(&o.name)) {
+                // A finalized one may be the only copy of a file whose old version was
+                // deleted before a move that failed (`Client::move_into_place`): kept.
+                if o.finalized || !gcs::is_aside_name(names::base_name(&o.name)) {
                     return Ok(DirContents::Entries);
                 }
                 asides.push((o.name, o.generation));

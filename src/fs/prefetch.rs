@@ -491,8 +491,10 @@ impl Fs {
                 let page = page.map_err(|e| format!("{rel}: {e}"))?;
                 for o in page.objects.iter().filter(|o| !o.name.ends_with('/')) {
                     found = true;
-                    // A link's object holds its target, not data worth loading.
-                    if o.symlink.is_none() {
+                    // A link's object holds its target, not data worth loading; an upload's
+                    // aside object is not a file (see `names::is_visible`).
+                    let aside = crate::gcs::is_aside_name(super::names::base_name(&o.name));
+                    if o.symlink.is_none() && !aside {
                         items.push((o.name.clone(), ObjMeta::from(o)));
                     }
                 }

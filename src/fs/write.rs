@@ -64,9 +64,6 @@ enum State {
         w: Box<AppendWriter>,
         held: Held,
         base: i64,
-        /// The opener's close came before any write (a shell redirection's), so the close of
-        /// a descriptor it passed on (`Writes::flush_inherited`) places the new version.
-        opener_closed: bool,
     },
     /// Editing a staged copy.
     Staged(Box<Staged>),
@@ -85,9 +82,6 @@ struct Staged {
     dirty: bool,
     /// The file was unlinked while open: its handles go on with this copy, never uploaded.
     unlinked: bool,
-    /// An opener's close came since the copy was staged, so the close of a descriptor it
-    /// passed on (`Writes::flush_inherited`) uploads what was written since.
-    opener_closed: bool,
 }
 
 /// The writer of one inode.
@@ -174,7 +168,7 @@ fn take_replacing(st: &mut State) -> Option<(Box<AppendWriter>, Held, i64)> {
         return None;
     }
     match std::mem::replace(st, State::Done) {
-        State::Replacing { w, held, base, .. } => Some((w, held, base)),
+        State::Replacing { w, held, base } => Some((w, held, base)),
         _ => None,
     }
 }
@@ -451,7 +445,6 @@ impl Writes {
             w: Box::new(w),
             held: self.held(0),
             base: generation,
-            opener_closed: false,
         };
         fw.size.store(0, Ordering::Release);
         fw.exact.store(true, Ordering::Release);
@@ -796,7 +789,6 @@ impl Writes {
                 base: generation,
                 dirty: false,
                 unlinked: false,
-                opener_closed: false,
             })),
             Err(e) => State::Failed(e),
         }
@@ -959,26 +951,17 @@ impl Writes {
                     }
                 }
             }
-            // Nothing written yet through the only handle: as above, a dup may write next,
-            // and the release places what it wrote. Else finalized here for the same reason.
-            State::Replacing { w, held, base, .. } if only_handle && w.written() == 0 => {
-                *st = State::Replacing {
-                    w,
-                    held,
-                    base,
-                    opener_closed: true,
-                };
+            // Nothing written yet through the only handle: as above, a dup may write next, and
+            // its close (or the release) places what it wrote. Else finalized here for the
+            // same reason.
+            State::Replacing { w, held, base } if only_handle && w.written() == 0 => {
+                *st = State::Replacing { w, held, base };
                 Ok(())
             }
             replacing @ State::Replacing { .. } => {
                 *st = replacing;
                 self.place(fw, &mut st, only_handle && self.finalize_on_close)
                     .await
-            }
-            State::Staged(mut s) => {
-                s.opener_closed = true;
-                *st = State::Staged(s);
-                self.flush_held(fw, &mut st).await
             }
             other => {
                 *st = other;
@@ -1029,20 +1012,17 @@ impl Writes {
     }
 
     /// The close of a descriptor of `fw`'s handle by a process other than the opener's (a
-    /// forked child's exit or exec, which closes its copies of its parent's descriptors):
-    /// every byte written is persisted, and a stream its opener goes on writing stays open.
-    /// A new version streamed beside the file stays there, and a staged copy is not uploaded,
-    /// neither published half-written, unless the opener closed, leaving the writing to that
-    /// process (a shell redirection's child).
+    /// forked child's exit or exec, which closes its copies of its parent's descriptors),
+    /// while the opener still holds its own: streamed bytes are persisted, and the stream
+    /// stays open for the opener. A new version streamed beside the file is made durable
+    /// there and a staged copy stays local: neither is published half-written.
     pub async fn flush_inherited(&self, fw: &FileWriter) -> FsResult<()> {
         let mut st = fw.state.lock().await;
         match &*st {
-            State::Replacing {
-                opener_closed: false,
-                ..
-            } => persist_aside(fw, &mut st).await,
-            State::Staged(s) if !s.opener_closed => Ok(()),
-            _ => self.flush_held(fw, &mut st).await,
+            State::Replacing { .. } => persist_aside(fw, &mut st).await,
+            State::Open { .. } => persist_stream(fw, &mut st).await,
+            State::Staged(_) | State::Idle { .. } | State::Done => Ok(()),
+            State::Failed(e) => Err(*e),
         }
     }
 

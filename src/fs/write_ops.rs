@@ -27,6 +27,18 @@ pub struct SetAttr {
     pub fh: Option<u64>,
 }
 
+/// Who a close or a write through a file handle comes from (`Fs::closer`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Closer {
+    /// A thread of the process that opened the handle.
+    Opener,
+    /// Another process, which inherited a descriptor (a forked child).
+    Other,
+    /// A process this daemon cannot see (another pid namespace), or an opener whose thread
+    /// is gone: answered as the old behaviour had it, an fsync.
+    Unknown,
+}
+
 impl Fs {
     pub(super) fn writable(&self) -> FsResult<()> {
         if self.inner.read_only {
@@ -282,46 +294,60 @@ impl Fs {
         }
     }
 
-    /// Whether thread `pid` belongs to the process that opened file handle `fh` (the opening
-    /// thread or another thread of its process): its close(2) is the opener's `flush`.
-    pub fn opened_by(&self, fh: u64, pid: u32) -> bool {
-        self.inner
-            .handles
-            .opener(fh)
-            .is_some_and(|opener| opener == pid || same_process(opener, pid))
+    /// Who closes file handle `fh` (or writes through it): thread `pid` of the opener's
+    /// process, of another process, or of one this daemon cannot tell.
+    pub fn closer(&self, fh: u64, pid: u32) -> Closer {
+        let Some(opener) = self.inner.handles.opener(fh) else {
+            return Closer::Unknown;
+        };
+        if pid == opener {
+            return Closer::Opener;
+        }
+        if pid == 0 {
+            return Closer::Unknown;
+        }
+        let proc = std::path::Path::new("/proc");
+        if proc.join(format!("{pid}/task/{opener}")).exists() {
+            Closer::Opener
+        } else if proc.join(opener.to_string()).exists() {
+            Closer::Other
+        } else {
+            // The opening thread is gone (or /proc hides it): its process is not known.
+            Closer::Unknown
+        }
     }
 
-    /// Whether thread `pid` is known to belong to another process than the one that opened
-    /// `fh`: a forked child exiting or calling exec closes its copies of its parent's
-    /// descriptors, and such a close is answered by `flush_inherited`, which neither ends a
-    /// stream its opener goes on writing nor publishes a new version the opener is writing.
-    /// A close by a process this daemon cannot see (pid 0, another pid namespace) is neither
-    /// the opener's nor known to be another's: it is answered as an fsync.
-    pub fn inherited_by(&self, fh: u64, pid: u32) -> bool {
-        pid != 0
-            && self
-                .inner
-                .handles
-                .opener(fh)
-                .is_some_and(|opener| opener != pid && !same_process(opener, pid))
+    /// A write through file handle `fh` by thread `pid`: one from the opener's process shows
+    /// it still holds a descriptor, whatever it closed before (a shell redirection's child
+    /// closes the descriptor it opened once it has a copy on its standard output).
+    pub fn note_write_by(&self, fh: u64, pid: u32) {
+        if self.inner.handles.opener_closed(fh) && self.closer(fh, pid) == Closer::Opener {
+            self.inner.handles.set_opener_closed(fh, false);
+        }
     }
 
     /// `close(2)` by the handle's opener: returns once the service persisted every byte
     /// written through `fh`; the close of a file's only writing handle ends its stream.
     pub async fn flush(&self, fh: u64) -> FsResult<()> {
+        self.inner.handles.set_opener_closed(fh, true);
         match self.inner.handles.writer(fh) {
             Some(fw) => self.inner.writes.closing(&fw).await,
             None => Ok(()),
         }
     }
 
-    /// `close(2)` of handle `fh` on file `ino` by a process other than its opener's (see
-    /// `inherited_by`): every byte written to the file is persisted, as by `fsync`, but a new
-    /// version its opener is writing is not published (`Writes::flush_inherited`).
-    pub async fn flush_inherited(&self, ino: u64, fh: u64) -> FsResult<()> {
-        match self.inner.handles.writer(fh) {
-            Some(fw) => self.inner.writes.flush_inherited(&fw).await,
-            None => self.inner.writes.settle(ino).await,
+    /// `close(2)` of handle `fh` by a process other than its opener's (`Closer::Other`).
+    /// Once the opener has closed its own descriptor the writing was left to that process
+    /// (`subprocess.Popen(cmd, stdout=open(path, "wb"))`), and this is the writer's close.
+    /// Until then it leaves what the opener writes as it is (`Writes::flush_inherited`).
+    pub async fn flush_inherited(&self, fh: u64) -> FsResult<()> {
+        let Some(fw) = self.inner.handles.writer(fh) else {
+            return Ok(());
+        };
+        if self.inner.handles.opener_closed(fh) {
+            self.inner.writes.closing(&fw).await
+        } else {
+            self.inner.writes.flush_inherited(&fw).await
         }
     }
 
@@ -418,35 +444,5 @@ impl Fs {
     /// `access(2)` for writing: refused on a read-only mount.
     pub fn may_write(&self) -> FsResult<()> {
         self.writable()
-    }
-}
-
-/// Whether threads `a` and `b` (ids in this daemon's pid namespace) belong to one process:
-/// `/proc/B/task/A` exists exactly when `a` is a thread of `b`'s process.
-fn same_process(a: u32, b: u32) -> bool {
-    std::path::Path::new(&format!("/proc/{b}/task/{a}")).exists()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::same_process;
-
-    #[test]
-    fn threads_of_one_process_are_told_from_other_processes() {
-        // SAFETY: gettid takes no arguments and cannot fail.
-        let main = unsafe { libc::gettid() } as u32;
-        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
-        let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
-        let thread = std::thread::spawn(move || {
-            // SAFETY: as above.
-            tid_tx.send(unsafe { libc::gettid() } as u32).unwrap();
-            let _ = stop_rx.recv();
-        });
-        let other = tid_rx.recv().unwrap();
-        assert!(same_process(main, other));
-        assert!(same_process(other, main));
-        assert!(!same_process(main, 1), "init is another process");
-        drop(stop_tx);
-        thread.join().unwrap();
     }
 }

@@ -12,7 +12,9 @@
 //! `session.rs` mounts and unmounts, `fusermount.rs` speaks fusermount3 and receives passed
 //! descriptors.
 
-use crate::fs::{Attr, DirItem, Entry, Errno as FsErrno, Fs, FsResult, Kind, Opened, SetAttr};
+use crate::fs::{
+    Attr, Closer, DirItem, Entry, Errno as FsErrno, Fs, FsResult, Kind, Opened, SetAttr,
+};
 use fuser::{
     AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
     INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr,
@@ -645,7 +647,7 @@ impl Filesystem for FuseAdapter {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -657,6 +659,7 @@ impl Filesystem for FuseAdapter {
     ) {
         let _turn = self.turn();
         let t0 = Instant::now();
+        self.fs.note_write_by(fh.0, req.pid());
         let data = self.write_buffers.copy(data);
         let fs = self.fs.clone();
         // The kernel's offset for an O_APPEND write is the size it last saw, which another
@@ -697,20 +700,18 @@ impl Filesystem for FuseAdapter {
             counted("flush", Instant::now());
             return reply.ok();
         }
-        if self.fs.opened_by(fh.0, req.pid()) {
-            answer!(self, "flush", reply, |fs| fs.flush(fh.0), |()| reply.ok());
-        } else if self.fs.inherited_by(fh.0, req.pid()) {
-            answer!(
-                self,
-                "flush",
-                reply,
-                |fs| fs.flush_inherited(ino.0, fh.0),
-                |()| reply.ok()
-            );
-        } else {
-            answer!(self, "flush", reply, |fs| fs.fsync(ino.0, fh.0), |()| {
+        match self.fs.closer(fh.0, req.pid()) {
+            Closer::Opener => {
+                answer!(self, "flush", reply, |fs| fs.flush(fh.0), |()| reply.ok())
+            }
+            Closer::Other => answer!(self, "flush", reply, |fs| fs.flush_inherited(fh.0), |()| {
                 reply.ok()
-            });
+            }),
+            Closer::Unknown => {
+                answer!(self, "flush", reply, |fs| fs.fsync(ino.0, fh.0), |()| {
+                    reply.ok()
+                })
+            }
         }
     }
 

@@ -247,5 +247,5 @@ fn aside_name(object: &str) -> String {
 /// bytes on their way to another name, or left by an upload that never finished.
 pub fn is_aside_name(name: &str) -> bool {
     name.strip_prefix(ASIDE_PREFIX)
-        .is_some_and(|n| n.len() == 16 && n.bytes().all(|b| b.is_ascii_hexdigit()))
+        .is_some_and(|n| n.len() == 16 && n.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
 }
