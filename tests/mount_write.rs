@@ -317,6 +317,26 @@ fn a_dup_writes_on_after_the_first_descriptor_closes() {
     );
 }
 
+/// Forks a child that runs `child` (async-signal-safe calls only) and exits: its pid.
+fn fork_then(child: impl FnOnce()) -> libc::pid_t {
+    // SAFETY: the child runs only what its caller vouches is async-signal-safe, then _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork");
+    if pid == 0 {
+        child();
+        // SAFETY: ends the forked child without running the parent's exit handlers.
+        unsafe { libc::_exit(0) };
+    }
+    pid
+}
+
+/// Waits for the forked child `pid` to exit.
+fn waited(pid: libc::pid_t) {
+    let mut status = 0;
+    // SAFETY: waits for a child of ours.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+}
+
 /// A forked child's exit closes its copies of the parent's descriptors, and the kernel
 /// sends a flush for each: the parent's stream must go on (no takeover for its next write),
 /// and every byte land.
@@ -328,15 +348,7 @@ fn a_child_exiting_leaves_its_parent_s_stream_open() {
     env.emu().reset_stats();
     let mut f = std::fs::File::create(m.p("parent.log")).expect("create");
     f.write_all(b"one\n").expect("write");
-    // SAFETY: the child only calls _exit, which is async-signal-safe.
-    let child = unsafe { libc::fork() };
-    assert!(child >= 0, "fork");
-    if child == 0 {
-        unsafe { libc::_exit(0) };
-    }
-    let mut status = 0;
-    // SAFETY: waits for the child just forked.
-    assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+    waited(fork_then(|| {}));
     f.write_all(b"two\n").expect("write after the child's exit");
     drop(f);
     assert_eq!(bytes(&env.rt, &c, BUCKET, "parent.log"), b"one\ntwo\n");
@@ -464,15 +476,7 @@ fn a_child_exiting_during_an_overwrite_leaves_the_old_version_to_the_parent_s_cl
     let c = client(&env.rt, &env.emu().endpoint());
     let mut f = std::fs::File::create(m.p("last.pt")).expect("open over it");
     f.write_all(&chunks(7, 2)).expect("write");
-    // SAFETY: the child only calls _exit, which is async-signal-safe.
-    let child = unsafe { libc::fork() };
-    assert!(child >= 0, "fork");
-    if child == 0 {
-        unsafe { libc::_exit(0) };
-    }
-    let mut status = 0;
-    // SAFETY: waits for the child just forked.
-    assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+    waited(fork_then(|| {}));
     assert_eq!(
         bytes(&env.rt, &c, BUCKET, "last.pt"),
         old,
@@ -499,23 +503,18 @@ fn a_child_left_the_writing_by_its_opener_places_the_new_version_at_its_exit() {
     assert_eq!(unsafe { libc::pipe(go.as_mut_ptr()) }, 0);
     let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
     let new = b"written by the child";
-    // SAFETY: the child only calls read, write and _exit, which are async-signal-safe.
-    let child = unsafe { libc::fork() };
-    assert!(child >= 0, "fork");
-    if child == 0 {
+    let child = fork_then(|| {
+        let mut byte = 0u8;
+        // SAFETY: read and write are async-signal-safe; the buffers are ours.
         unsafe {
-            let mut byte = 0u8;
             libc::read(go[0], (&mut byte as *mut u8).cast(), 1);
             libc::write(fd, new.as_ptr().cast(), new.len());
-            libc::_exit(0);
         }
-    }
+    });
     drop(f);
     // SAFETY: writes one byte to the pipe just made.
     assert_eq!(unsafe { libc::write(go[1], b"g".as_ptr().cast(), 1) }, 1);
-    let mut status = 0;
-    // SAFETY: waits for the child just forked.
-    assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+    waited(child);
     assert_eq!(bytes(&env.rt, &c, BUCKET, "out.txt"), new);
     // SAFETY: closes the pipe's descriptors, ours.
     unsafe {
