@@ -572,3 +572,33 @@ fn a_subshell_s_exit_in_a_redirected_block_leaves_the_old_version_to_the_block_s
     assert!(sh.0.wait().expect("bash").success());
     assert_eq!(bytes(&env.rt, &c, BUCKET, "out.txt"), b"onetwo");
 }
+
+/// A shell loop redirected to a file hands the shell's copy of the descriptor from command
+/// to command: each command's exit puts its bytes in the bucket but leaves the stream open
+/// for the next, so the loop costs one stream, not one takeover per command.
+#[test]
+fn a_redirected_shell_loop_writes_through_one_stream() {
+    let env = Env::new(BUCKET);
+    let m = env.mount(BUCKET, &env.config());
+    let c = client(&env.rt, &env.emu().endpoint());
+    env.emu().reset_stats();
+    let script = format!(
+        "for i in 1 2 3 4; do /bin/echo line $i; done > {}",
+        m.p("loop.log").display()
+    );
+    let ok = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(&script)
+        .status()
+        .expect("bash");
+    assert!(ok.success());
+    assert_eq!(
+        bytes(&env.rt, &c, BUCKET, "loop.log"),
+        b"line 1\nline 2\nline 3\nline 4\n"
+    );
+    let st = env.emu().stats();
+    assert_eq!(
+        st.write_streams, 1,
+        "a command's exit ended the stream: {st:?}"
+    );
+}

@@ -173,6 +173,11 @@ fn take_replacing(st: &mut State) -> Option<(Box<AppendWriter>, Held, i64)> {
     }
 }
 
+/// True when the `Replacing` writer `st` has not written a byte yet.
+fn written_none(st: &State) -> bool {
+    matches!(st, State::Replacing { w, .. } if w.written() == 0)
+}
+
 /// Makes what `fw`'s `Replacing` state `st` streamed durable beside the file, without
 /// placing it; a failure fails the writer.
 async fn persist_aside(fw: &FileWriter, st: &mut State) -> FsResult<()> {
@@ -915,7 +920,7 @@ impl Writes {
     /// descriptor still open on the same handle (a dup, a forked child) that writes again
     /// takes the object over, as a later open would, unless another writer has appended since
     /// (see `not_taken_over`). Only the handle's opener's process closes this way: another
-    /// process's close of a descriptor it inherited comes to `flush_inherited`.
+    /// process's close of a descriptor it inherited comes to `flush_inherited` or `flush`.
     pub async fn closing(&self, fw: &FileWriter) -> FsResult<()> {
         let only_handle = lock(&self.by_ino)
             .get(&fw.inode.ino)
@@ -954,8 +959,8 @@ impl Writes {
             // Nothing written yet through the only handle: as above, a dup may write next, and
             // its close (or the release) places what it wrote. Else finalized here for the
             // same reason.
-            State::Replacing { w, held, base } if only_handle && w.written() == 0 => {
-                *st = State::Replacing { w, held, base };
+            replacing @ State::Replacing { .. } if only_handle && written_none(&replacing) => {
+                *st = replacing;
                 Ok(())
             }
             replacing @ State::Replacing { .. } => {

@@ -286,7 +286,7 @@ impl Fs {
         self.inner.writes.persist_all_appends().await;
     }
 
-    /// Notes that process (thread) `pid` opened file handle `fh`: see `opened_by`. Pid 0 (the
+    /// Notes that process (thread) `pid` opened file handle `fh`: see `closer`. Pid 0 (the
     /// opener is outside the daemon's pid namespace) says nothing, and is not noted.
     pub fn note_opener(&self, fh: u64, pid: u32) {
         if pid != 0 {
@@ -337,15 +337,19 @@ impl Fs {
     }
 
     /// `close(2)` of handle `fh` by a process other than its opener's (`Closer::Other`).
-    /// Once the opener has closed its own descriptor the writing was left to that process
-    /// (`subprocess.Popen(cmd, stdout=open(path, "wb"))`), and this is the writer's close.
-    /// Until then it leaves what the opener writes as it is (`Writes::flush_inherited`).
+    /// While the opener writes, it leaves what the opener writes as it is
+    /// (`Writes::flush_inherited`). Once the opener has closed a descriptor and not written
+    /// since, the writing may have been left to that process
+    /// (`subprocess.Popen(cmd, stdout=open(path, "wb"))`), or the opener may hold a copy it
+    /// only passes on (a shell loop redirected to the file runs one command after another):
+    /// answered as an fsync, which puts what was written in the bucket without ending the
+    /// stream the next command goes on with.
     pub async fn flush_inherited(&self, fh: u64) -> FsResult<()> {
         let Some(fw) = self.inner.handles.writer(fh) else {
             return Ok(());
         };
         if self.inner.handles.opener_closed(fh) {
-            self.inner.writes.closing(&fw).await
+            self.inner.writes.flush(&fw).await
         } else {
             self.inner.writes.flush_inherited(&fw).await
         }

@@ -192,6 +192,23 @@ impl Client {
             aside,
             "service refuses to replace an unfinalized object: delete it, then move"
         );
+        // Should the move after the delete fail, the aside object is the only copy of the new
+        // version: finalized first, it is kept by the cleanups of aside objects (`rmdir`,
+        // `rapidfs unfinalized --delete-leftovers`), which take appendable ones for the
+        // leftovers of an interrupted upload.
+        if !written.finalized {
+            let finalized = match self
+                .open_appendable(bucket, aside, written.generation)
+                .await
+            {
+                Ok(w) => w.finalize().await.map(|_| ()),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = finalized {
+                self.discard(bucket, aside, written.generation).await;
+                return Err(e);
+            }
+        }
         if let Err(e) = self
             .delete_object(bucket, object, if_generation_match)
             .await
