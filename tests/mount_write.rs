@@ -489,7 +489,7 @@ fn a_child_exiting_during_an_overwrite_leaves_the_old_version_to_the_parent_s_cl
 }
 
 /// `subprocess.Popen(cmd, stdout=open(path, "wb"))` over an existing file: the opener closes
-/// its descriptor before the child writes, so the child's exit is the writer's close, which
+/// its descriptor before the child writes, so the child's exit is answered as an fsync, which
 /// puts the new version in place before the parent's wait returns.
 #[test]
 fn a_child_left_the_writing_by_its_opener_places_the_new_version_at_its_exit() {
