@@ -130,7 +130,12 @@ async fn examine(bucket: &str, cfg: &Config) -> Findings {
         )
         .await;
     let objects = match page {
-        Ok(p) => p.objects,
+        // An upload's aside object may still be growing, or vanish mid-read when moved.
+        Ok(p) => p
+            .objects
+            .into_iter()
+            .filter(|o| !gcs::is_aside_name(o.name.rsplit('/').next().unwrap_or_default()))
+            .collect::<Vec<_>>(),
         Err(gcs::Error::NotFound(_)) => {
             f.failure = Some(format!("bucket '{bucket}' not found at {}", f.endpoint));
             return f;
