@@ -1,6 +1,7 @@
 //! A handle opened read-write reads back what it wrote, through `fs` alone (no kernel, so no
 //! page cache to hide a wrong answer): bytes still streaming into the object, bytes past the
-//! size the handle opened at, and the staged copy of a rewritten file.
+//! size the handle opened at, and the staged copy of a rewritten file. A handle that only
+//! reads reads what was appended through this mount after it opened (`tail -f` of a log).
 
 mod fs_support;
 
@@ -122,5 +123,48 @@ fn a_taken_over_object_reads_back_the_appends_past_its_old_end() {
         );
         fs.flush(fh).await.expect("close");
         fs.release_write(fh).await;
+    });
+}
+
+/// The kernel shares one inode between the writing and the reading descriptors, so it learns
+/// the size the appends make and asks the reading handle for those bytes. A short answer
+/// left zeros in its page cache where they are (`tail -f` of a log written through the same
+/// mount showed the first line as NUL bytes).
+#[test]
+fn a_reading_handle_reads_what_was_appended_after_it_opened() {
+    let env = FsEnv::new("rw", |_| {});
+    let fs = &env.fs;
+    let lines: Vec<Vec<u8>> = (0..3).map(|i| format!("line {i}\n").into_bytes()).collect();
+    env.rt.block_on(async {
+        let (entry, opened) = fs
+            .create(ROOT_INO, "train.log", libc::O_WRONLY)
+            .await
+            .expect("create");
+        let writer = opened.fh;
+        let reader = fs
+            .open(entry.attr.ino, false, false)
+            .await
+            .expect("open")
+            .fh;
+        let mut at = 0u64;
+        let mut want = Vec::new();
+        for line in &lines[..2] {
+            fs.write(writer, at, line.clone().into())
+                .await
+                .expect("append");
+            at += line.len() as u64;
+            want.extend_from_slice(line);
+            let got = fs.read(reader, 0, 4096).await.expect("read");
+            assert_eq!(got[..], want[..], "while the writer streams");
+        }
+        fs.write(writer, at, lines[2].clone().into())
+            .await
+            .expect("append");
+        want.extend_from_slice(&lines[2]);
+        fs.flush(writer).await.expect("close");
+        fs.release_write(writer).await;
+        let got = fs.read(reader, 0, 4096).await.expect("read");
+        assert_eq!(got[..], want[..], "once the writer closed");
+        fs.release(reader);
     });
 }

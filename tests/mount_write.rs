@@ -317,6 +317,35 @@ fn a_dup_writes_on_after_the_first_descriptor_closes() {
     );
 }
 
+/// `tail -f` of a log written through the same mount: a descriptor opened before the writes
+/// reads each line as it lands. The kernel knows the file's new size from the writes and asks
+/// that descriptor's handle for the bytes; a short answer left NUL bytes in their place.
+#[test]
+fn a_reader_opened_before_the_appends_reads_each_line_and_no_zeros() {
+    use std::io::Read;
+    let env = Env::new(BUCKET);
+    let m = env.mount(BUCKET, &env.config());
+    let mut log = std::fs::File::create(m.p("train.log")).expect("create");
+    let mut tail = std::fs::File::open(m.p("train.log")).expect("open to read");
+    let (mut written, mut seen) = (Vec::new(), Vec::new());
+    for i in 0..20 {
+        let line = format!("step {i} loss 0.{i:03}\n");
+        log.write_all(line.as_bytes()).expect("append");
+        written.extend_from_slice(line.as_bytes());
+        let mut got = Vec::new();
+        tail.read_to_end(&mut got).expect("read on");
+        assert_eq!(
+            String::from_utf8_lossy(&got),
+            line,
+            "the line just appended, alone"
+        );
+        seen.extend_from_slice(&got);
+    }
+    drop(log);
+    assert_eq!(seen, written);
+    assert_eq!(std::fs::read(m.p("train.log")).expect("reread"), written);
+}
+
 /// Forks a child that runs `child` (async-signal-safe calls only) and exits: its pid.
 fn fork_then(child: impl FnOnce()) -> libc::pid_t {
     // SAFETY: the child runs only what its caller vouches is async-signal-safe, then _exit.

@@ -15,6 +15,7 @@ use std::time::Instant;
 /// What a handle number stands for.
 enum Open {
     File {
+        ino: u64,
         read: Arc<ReadSide>,
         writer: Option<Arc<FileWriter>>,
         /// A reading handle opened while its file was being rewritten: the writer whose
@@ -42,6 +43,8 @@ pub(super) struct KeptListing {
 
 /// What a file handle reads through.
 pub(super) struct FileSides {
+    /// The file's inode.
+    pub ino: u64,
     /// Its read side, pinned to a version.
     pub read: Arc<ReadSide>,
     /// Its writer, when it writes.
@@ -75,9 +78,10 @@ impl Handles {
         fh
     }
 
-    /// Opens a file handle reading through `read`; returns its number.
-    pub(super) fn add_file(&self, read: Arc<ReadSide>) -> u64 {
+    /// Opens a file handle of inode `ino` reading through `read`; returns its number.
+    pub(super) fn add_file(&self, ino: u64, read: Arc<ReadSide>) -> u64 {
         self.add(Open::File {
+            ino,
             read,
             writer: None,
             rewrite: None,
@@ -136,11 +140,13 @@ impl Handles {
     pub(super) fn file(&self, fh: u64) -> Option<FileSides> {
         match self.table().get(&fh) {
             Some(Open::File {
+                ino,
                 read,
                 writer,
                 rewrite,
                 ..
             }) => Some(FileSides {
+                ino: *ino,
                 read: read.clone(),
                 writer: writer.clone(),
                 rewrite: rewrite.clone(),

@@ -363,7 +363,7 @@ impl Fs {
         let key = inode.key();
         let handle = Arc::new(self.inner.reads.open(&key, meta, direct));
         self.prefetch_on_open(&key);
-        let fh = self.inner.handles.add_file(handle);
+        let fh = self.inner.handles.add_file(inode.ino, handle);
         Opened { fh, keep_cache }
     }
 
@@ -431,8 +431,9 @@ impl Fs {
         }
     }
 
-    /// Reads up to `size` bytes at `offset` of open file `fh`, from the version it opened (or
-    /// from the rewrite it opened during, then the version that rewrite left).
+    /// Reads up to `size` bytes at `offset` of open file `fh`, from the version it opened,
+    /// grown by what was appended to it since (or from the rewrite it opened during, then the
+    /// version that rewrite left).
     pub async fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Bytes> {
         let sides = self.inner.handles.file(fh).ok_or(Errno::EBADF)?;
         let mut handle = sides.read;
@@ -451,15 +452,17 @@ impl Fs {
                 return staged;
             }
         }
-        if let Some(fw) = writer.filter(|_| offset.saturating_add(u64::from(size)) > handle.size())
-        {
-            handle = match self.catch_up(fh, &fw, handle).await? {
-                Some(h) => h,
-                // The writer turned staged meanwhile: its staged copy holds the bytes.
-                None => {
-                    let staged = self.inner.writes.read_staged(&fw, offset, size).await;
-                    return staged.unwrap_or(Err(Errno::EIO));
-                }
+        if offset.saturating_add(u64::from(size)) > handle.size() {
+            handle = match writer {
+                Some(fw) => match self.catch_up(fh, &fw, handle).await? {
+                    Some(h) => h,
+                    // The writer turned staged meanwhile: its staged copy holds the bytes.
+                    None => {
+                        let staged = self.inner.writes.read_staged(&fw, offset, size).await;
+                        return staged.unwrap_or(Err(Errno::EIO));
+                    }
+                },
+                None => self.grown(fh, sides.ino, handle).await,
             };
         }
         self.read_version(&handle, offset, size).await

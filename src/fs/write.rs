@@ -569,8 +569,8 @@ impl Writes {
         }
     }
 
-    /// The writer of `ino`, while it has one.
-    fn writer_of(&self, ino: u64) -> Option<Arc<FileWriter>> {
+    /// The writer of `ino` on this mount, while it has one.
+    pub fn writer_of(&self, ino: u64) -> Option<Arc<FileWriter>> {
         lock(&self.by_ino).get(&ino).map(|(fw, _)| fw.clone())
     }
 

@@ -99,7 +99,7 @@ impl Fs {
         inode.note_open(meta.identity(), i.prefetch.open_clock(0));
         let fh = i
             .handles
-            .add_file(Arc::new(i.reads.open(&key, &meta, false)));
+            .add_file(inode.ino, Arc::new(i.reads.open(&key, &meta, false)));
         i.handles.set_writer(fh, i.writes.attach_created(&inode, w));
         Ok((
             self.entry(&inode),
@@ -246,9 +246,9 @@ impl Fs {
 
     /// Handle `fh`, writing through `fw` and reading past the size its read side opened at,
     /// may be reading its own appends, which exist only in its write stream until persisted:
-    /// they are made durable, and the handle reads on from the size the object has now. (A
-    /// handle that does not write keeps the version it opened.) `None`: the writer turned
-    /// staged meanwhile, so the bytes are in its staged copy.
+    /// they are made durable, and the handle reads on from the size the object has now (a
+    /// handle that does not write: `grown`). `None`: the writer turned staged meanwhile, so
+    /// the bytes are in its staged copy.
     pub(super) async fn catch_up(
         &self,
         fh: u64,
@@ -271,6 +271,41 @@ impl Fs {
             i.reads.release(&old);
         }
         Ok(Some(fresh))
+    }
+
+    /// Handle `fh` of file `ino`, which does not write, asked for bytes past the size its read
+    /// side opened at. The kernel shares one inode between every descriptor of the file, so
+    /// it asks for what appends through this mount (or a fresher stat) told it is there, and
+    /// a short answer would leave zeros in its page cache where those bytes are. The handle
+    /// reads on at the size its version has now: this mount's streamed appends are made
+    /// durable first. A new generation is not followed: the handle keeps the version it
+    /// opened, and a writer's failure is its writer's to report.
+    pub(super) async fn grown(
+        &self,
+        fh: u64,
+        ino: u64,
+        handle: Arc<read::Handle>,
+    ) -> Arc<read::Handle> {
+        let i = &self.inner;
+        if let Some(fw) = i.writes.writer_of(ino) {
+            if fw.written().1 > handle.size() {
+                let _ = i.writes.persist_appends(&fw).await;
+            }
+        }
+        let Ok(inode) = self.inode(ino) else {
+            return handle;
+        };
+        let Some(meta) = inode.meta().0 else {
+            return handle;
+        };
+        if meta.generation != handle.object().1 || meta.size <= handle.size() {
+            return handle;
+        }
+        let fresh = Arc::new(i.reads.open(&inode.key(), &meta, handle.direct()));
+        if let Some(old) = i.handles.replace_read_side(fh, fresh.clone()) {
+            i.reads.release(&old);
+        }
+        fresh
     }
 
     /// Refuses writes from now on (EIO), waits for those in flight, and makes every byte
