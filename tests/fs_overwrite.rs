@@ -444,3 +444,50 @@ fn rmdir_of_a_directory_that_shows_empty_deletes_what_an_upload_left_in_it() {
         );
     });
 }
+
+/// A descriptor opened for reading before the file was overwritten through this mount reads
+/// the file as the kernel, which keeps one inode for both, knows it: the new bytes, not the
+/// old version's at the new size (`cmd > train.log` run again under a `tail -f`).
+#[test]
+fn a_reader_opened_before_an_overwrite_reads_the_new_version() {
+    let (env, _) = with_a_file();
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let ino = fs.lookup(ROOT_INO, "f").await.expect("lookup").attr.ino;
+        let reader = fs.open(ino, false, false).await.expect("open").fh;
+        let (_, fh) = truncated(&env, "f").await;
+        let new = wrote(&env, fh, 0, 2, 300).await;
+        let got = fs.read(reader, 0, 4096).await.expect("read while written");
+        assert_eq!(got[..], new[..], "while the new version is written");
+        let more = wrote(&env, fh, 300, 3, 200).await;
+        closed(&env, fh).await;
+        let mut all = new.clone();
+        all.extend_from_slice(&more);
+        let got = fs.read(reader, 0, 4096).await.expect("read after");
+        assert_eq!(got[..], all[..], "once it is closed");
+        assert_eq!(in_bucket(&env, "f").await, all);
+        fs.release(reader);
+    });
+}
+
+/// The same for a rewrite in place (a write before the end stages the file): the reader
+/// reads the staged bytes while the rewrite lasts, then the version it uploaded.
+#[test]
+fn a_reader_opened_before_a_rewrite_reads_the_rewritten_bytes() {
+    let (env, old) = with_a_file();
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let ino = fs.lookup(ROOT_INO, "f").await.expect("lookup").attr.ino;
+        let reader = fs.open(ino, false, false).await.expect("open").fh;
+        let fh = fs.open_write(ino, false).await.expect("open O_RDWR").fh;
+        let patch = wrote(&env, fh, 100, 4, 50).await;
+        let mut want = old.clone();
+        want[100..150].copy_from_slice(&patch);
+        let got = fs.read(reader, 0, 4096).await.expect("read while staged");
+        assert_eq!(got[..], want[..], "while the rewrite lasts");
+        closed(&env, fh).await;
+        let got = fs.read(reader, 0, 4096).await.expect("read after");
+        assert_eq!(got[..], want[..], "once it is uploaded");
+        fs.release(reader);
+    });
+}

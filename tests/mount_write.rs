@@ -346,6 +346,32 @@ fn a_reader_opened_before_the_appends_reads_each_line_and_no_zeros() {
     assert_eq!(std::fs::read(m.p("train.log")).expect("reread"), written);
 }
 
+/// `cmd > train.log` run again while a `tail -f` of the last run's log is open: the tail,
+/// which reads the shrunk file from its start, reads the new run's lines, as on a local disk,
+/// not the old run's bytes at the new run's size.
+#[test]
+fn a_reader_opened_before_an_overwrite_reads_the_new_lines() {
+    use std::io::{Read, Seek};
+    let env = Env::new(BUCKET);
+    let m = env.mount(BUCKET, &env.config());
+    std::fs::write(m.p("run.log"), "old 0\nold 1\nold 2\nold 3\n").expect("first run");
+    let mut tail = std::fs::File::open(m.p("run.log")).expect("open to read");
+    let mut got = String::new();
+    tail.read_to_string(&mut got).expect("read the first run");
+    let mut log = std::fs::File::create(m.p("run.log")).expect("second run");
+    log.write_all(b"new 0\nnew 1\n").expect("write");
+    tail.rewind().expect("seek to the start");
+    got.clear();
+    tail.read_to_string(&mut got).expect("read the second run");
+    assert_eq!(got, "new 0\nnew 1\n", "while the second run writes");
+    log.write_all(b"new 2\n").expect("write");
+    drop(log);
+    tail.rewind().expect("seek to the start");
+    got.clear();
+    tail.read_to_string(&mut got).expect("read the second run");
+    assert_eq!(got, "new 0\nnew 1\nnew 2\n", "once it closed");
+}
+
 /// Forks a child that runs `child` (async-signal-safe calls only) and exits: its pid.
 fn fork_then(child: impl FnOnce()) -> libc::pid_t {
     // SAFETY: the child runs only what its caller vouches is async-signal-safe, then _exit.

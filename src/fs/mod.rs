@@ -432,12 +432,16 @@ impl Fs {
     }
 
     /// Reads up to `size` bytes at `offset` of open file `fh`, from the version it opened,
-    /// grown by what was appended to it since (or from the rewrite it opened during, then the
-    /// version that rewrite left).
+    /// grown by what was appended to it since, or from what this mount wrote over it since
+    /// (`follow`); a rewrite's staged copy while it lasts, then the version it left.
     pub async fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Bytes> {
         let sides = self.inner.handles.file(fh).ok_or(Errno::EBADF)?;
         let mut handle = sides.read;
-        if let Some(fw) = sides.rewrite {
+        let mut rewrite = sides.rewrite;
+        if sides.writer.is_none() && rewrite.is_none() {
+            (handle, rewrite) = self.follow(fh, sides.ino, handle).await?;
+        }
+        if let Some(fw) = rewrite {
             if let Some(got) = self.inner.writes.read_rewrite(&fw, offset, size).await {
                 return got;
             }

@@ -273,6 +273,47 @@ impl Fs {
         Ok(Some(fresh))
     }
 
+    /// Handle `fh` of file `ino`, which neither writes nor reads a rewrite, about to read. The
+    /// kernel keeps one inode for every descriptor of the file and learns from this mount's
+    /// writes what it holds, so the handle reads what this mount wrote over the version it
+    /// opened: a new version streamed beside the file is placed, as for a reader opening
+    /// now (`Writes::ready_for_reader`); a staged rewrite is read from its copy (`Some`,
+    /// noted on the handle); a generation placed or uploaded since is read instead of the
+    /// one the handle opened. (Another mount's new generation is a new inode to this one.)
+    pub(super) async fn follow(
+        &self,
+        fh: u64,
+        ino: u64,
+        handle: Arc<read::Handle>,
+    ) -> FsResult<(Arc<read::Handle>, Option<Arc<write::FileWriter>>)> {
+        let i = &self.inner;
+        let Ok(inode) = self.inode(ino) else {
+            return Ok((handle, None));
+        };
+        let moved = inode
+            .meta()
+            .0
+            .is_some_and(|m| m.generation != handle.object().1);
+        if !moved && !i.writes.rewrites(ino) {
+            return Ok((handle, None));
+        }
+        if let Some(fw) = i.writes.ready_for_reader(ino).await? {
+            i.handles.set_rewrite(fh, Some(fw.clone()));
+            return Ok((handle, Some(fw)));
+        }
+        let Some(meta) = inode.meta().0 else {
+            return Ok((handle, None));
+        };
+        if meta.generation == handle.object().1 {
+            return Ok((handle, None));
+        }
+        let fresh = Arc::new(i.reads.open(&inode.key(), &meta, handle.direct()));
+        if let Some(old) = i.handles.replace_read_side(fh, fresh.clone()) {
+            i.reads.release(&old);
+        }
+        Ok((fresh, None))
+    }
+
     /// Handle `fh` of file `ino`, which does not write, asked for bytes past the size its read
     /// side opened at. The kernel shares one inode between every descriptor of the file, so
     /// it asks for what appends through this mount (or a fresher stat) told it is there, and
