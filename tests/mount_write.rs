@@ -473,6 +473,36 @@ fn another_mount_sees_every_fsynced_byte() {
     drop(f);
 }
 
+/// A reader on another mount that keeps its descriptor open (TensorBoard on another machine
+/// polling the event files a training job appends) reads what was appended once a stat has
+/// shown it the larger size; its handle answered an empty read for those bytes.
+#[test]
+fn a_reader_on_another_mount_reads_on_what_was_appended_after_it_opened() {
+    use std::io::Read;
+    let env = Env::new(BUCKET);
+    let a = env.mount(BUCKET, &env.config());
+    let mut fresh = env.config();
+    fresh.fs.stat_ttl_ms = 0;
+    fresh.fs.kernel_attr_ttl_ms = 0;
+    let b = env.mount(BUCKET, &fresh);
+    let mut f = std::fs::File::create(a.p("events.log")).expect("create");
+    f.write_all(b"first\n").expect("write");
+    f.sync_all().expect("fsync");
+    let mut reader = std::fs::File::open(b.p("events.log")).expect("open on B");
+    let mut got = String::new();
+    reader.read_to_string(&mut got).expect("read on B");
+    assert_eq!(got, "first\n");
+    f.write_all(b"second\n").expect("write");
+    f.sync_all().expect("fsync");
+    let grown = std::fs::metadata(b.p("events.log"))
+        .expect("stat on B")
+        .len();
+    assert_eq!(grown, 13, "B sees the new size");
+    got.clear();
+    reader.read_to_string(&mut got).expect("read on");
+    assert_eq!(got, "second\n", "B reads on from where it was");
+}
+
 #[test]
 fn an_idle_writer_cannot_starve_the_others_of_write_budget() {
     let env = Env::new(BUCKET);
