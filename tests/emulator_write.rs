@@ -282,6 +282,14 @@ async fn write_errors_have_real_statuses() {
         .err()
         .unwrap();
     assert_eq!(e.code(), Code::InvalidArgument);
+    // names the service's naming rules refuse
+    for name in ["a\nb", "a\rb", "..", ".well-known/acme-challenge/t"] {
+        let e = open_write(&mut c, "b", create_msg("b", name, None), true)
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(e.code(), Code::InvalidArgument, "{name:?}");
+    }
 }
 
 /// A zonal bucket holds only appendable objects: an upload whose spec does not ask for one

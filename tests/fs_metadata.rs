@@ -331,3 +331,71 @@ fn a_directory_rename_the_service_finishes_later_is_waited_for() {
     });
     assert_eq!(env.emu().stats().faults_injected, 1);
 }
+
+/// A new name the service's naming rules refuse is refused at once, with a local errno, and
+/// nothing is created: the create of a file answers before the service does, so before, its
+/// refusal came only at the close (EIO), after the name had been listed.
+#[test]
+fn names_the_service_would_refuse_are_refused_at_once() {
+    let env = FsEnv::new("b", |_| {});
+    env.put("f", b"abc");
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let einval = Some(Errno::EINVAL);
+        assert_eq!(
+            fs.create(ROOT_INO, "a\nb", libc::O_WRONLY).await.err(),
+            einval
+        );
+        assert_eq!(fs.mkdir(ROOT_INO, "a\rb").await.err(), einval);
+        assert_eq!(fs.symlink(ROOT_INO, "l\n", "f").await.err(), einval);
+        assert_eq!(
+            fs.rename(ROOT_INO, "f", ROOT_INO, "g\n", 0).await.err(),
+            einval
+        );
+        let well_known = fs
+            .mkdir(ROOT_INO, ".well-known")
+            .await
+            .expect("mkdir")
+            .attr
+            .ino;
+        assert_eq!(fs.mkdir(well_known, "acme-challenge").await.err(), einval);
+        // Object names hold at most 1,024 bytes: four directories of 250 bytes take 1,004.
+        let mut dir = ROOT_INO;
+        for c in ['p', 'q', 'r', 's'] {
+            dir = fs
+                .mkdir(dir, &c.to_string().repeat(250))
+                .await
+                .expect("mkdir")
+                .attr
+                .ino;
+        }
+        let fits = "t".repeat(20);
+        let (_, opened) = fs
+            .create(dir, &fits, libc::O_WRONLY)
+            .await
+            .expect("1,024 bytes");
+        fs.flush(opened.fh).await.expect("close");
+        fs.release_write(opened.fh).await;
+        assert_eq!(
+            fs.create(dir, &"u".repeat(21), libc::O_WRONLY).await.err(),
+            Some(Errno::ENAMETOOLONG)
+        );
+        assert_eq!(
+            fs.mkdir(dir, &"v".repeat(21)).await.err(),
+            Some(Errno::ENAMETOOLONG)
+        );
+        let listed = env
+            .client
+            .list_page("b", &rapidfs::gcs::ListRequest::default())
+            .await
+            .expect("list");
+        let refused: Vec<String> = listed
+            .objects
+            .into_iter()
+            .map(|o| o.name)
+            .filter(|n| n.contains(['\r', '\n']) || n.contains("acme"))
+            .collect();
+        assert!(refused.is_empty(), "{refused:?}");
+        assert!(fs.lookup(ROOT_INO, "f").await.is_ok(), "the rename left f");
+    });
+}

@@ -207,7 +207,9 @@ impl Store {
         base ^ (rand::random::<u64>() << 20) | 1 << 63
     }
 
-    /// Refuses names the backend cannot hold.
+    /// Refuses names the service refuses (its object naming rules: 1 to 1,024 bytes, no
+    /// carriage return or line feed, not `.` or `..`, not under `.well-known/acme-challenge/`)
+    /// and those the backend cannot hold.
     pub fn check_name(&self, name: &str) -> Result<(), Status> {
         if name.is_empty() {
             return Err(Status::invalid_argument("the object name is empty"));
@@ -216,6 +218,16 @@ impl Store {
             return Err(Status::invalid_argument(format!(
                 "the object name is {} bytes long; the limit is 1024",
                 name.len()
+            )));
+        }
+        if name.contains(['\r', '\n']) {
+            return Err(Status::invalid_argument(format!(
+                "object name {name:?}: object names cannot contain carriage returns or line feeds"
+            )));
+        }
+        if name == "." || name == ".." || name.starts_with(".well-known/acme-challenge/") {
+            return Err(Status::invalid_argument(format!(
+                "object name {name:?} is not allowed"
             )));
         }
         self.backend.check_name(name)

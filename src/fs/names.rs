@@ -9,6 +9,16 @@
 /// Longest file name Linux accepts in one path component.
 pub const NAME_MAX: usize = 255;
 
+/// Longest object name the service stores, in bytes of UTF-8.
+pub const KEY_MAX: usize = 1024;
+
+/// Whether the service's object naming rules let `key` (an object's or a folder's name)
+/// be stored: no carriage return or line feed, nothing under `.well-known/acme-challenge/`.
+/// (Its length is checked apart: `KEY_MAX`.)
+pub fn is_storable(key: &str) -> bool {
+    !key.contains(['\r', '\n']) && !key.starts_with(".well-known/acme-challenge/")
+}
+
 /// True when `name` can be shown as one entry of a directory.
 pub fn is_visible(name: &str) -> bool {
     !name.is_empty()

@@ -31,11 +31,27 @@ enum DirContents {
 }
 
 impl Fs {
+    /// Refuses `name` for a new entry when no file could have it (ENAMETOOLONG past 255
+    /// bytes, EINVAL for a name a listing would hide).
     pub(super) fn check_name(name: &str) -> FsResult<()> {
         if name.len() > names::NAME_MAX {
             return Err(Errno::ENAMETOOLONG);
         }
         if !names::is_visible(name) {
+            return Err(Errno::EINVAL);
+        }
+        Ok(())
+    }
+
+    /// Refuses the object (or folder) name `key` of a new entry before the service would,
+    /// with the errno a local filesystem gives: ENAMETOOLONG past 1,024 bytes, EINVAL where
+    /// the service's naming rules forbid it (a carriage return or line feed in a name). A
+    /// create answers before the service does, so its refusal would only come at the close.
+    pub(super) fn check_key(key: &str) -> FsResult<()> {
+        if key.trim_end_matches('/').len() > names::KEY_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        if !names::is_storable(key) {
             return Err(Errno::EINVAL);
         }
         Ok(())
@@ -119,6 +135,7 @@ impl Fs {
         let dir = self.dir_inode(parent)?;
         let i = &self.inner;
         let dkey = names::dir_key(&dir.key(), name);
+        Self::check_key(&dkey)?;
         i.client
             .create_folder(&i.bucket, &dkey, true)
             .await
@@ -277,6 +294,7 @@ impl Fs {
                     return Err(Errno::EISDIR);
                 }
                 let to = names::file_key(&to_dir.key(), newname);
+                Self::check_key(&to)?;
                 if let Some(d) = &dst {
                     // A create of the target still on its way would land after the move; one
                     // that failed left nothing there.
@@ -305,6 +323,7 @@ impl Fs {
                     return Err(Errno::ENOTDIR);
                 }
                 let to = names::dir_key(&to_dir.key(), newname);
+                Self::check_key(&to)?;
                 if to.starts_with(&from) {
                     return Err(Errno::EINVAL);
                 }

@@ -45,6 +45,7 @@ impl Fs {
         }
         let i = &self.inner;
         let key = names::file_key(&dir.key(), name);
+        Self::check_key(&key)?;
         let data = Bytes::copy_from_slice(target.as_bytes());
         let meta = i
             .client

@@ -53,14 +53,10 @@ impl Fs {
     pub async fn create(&self, parent: u64, name: &str, flags: i32) -> FsResult<(Entry, Opened)> {
         self.writable()?;
         let dir = self.dir_inode(parent)?;
-        if name.len() > names::NAME_MAX {
-            return Err(Errno::ENAMETOOLONG);
-        }
-        if !names::is_visible(name) {
-            return Err(Errno::EINVAL);
-        }
+        Self::check_name(name)?;
         let i = &self.inner;
         let key = names::file_key(&dir.key(), name);
+        Self::check_key(&key)?;
         // O_EXCL must answer EEXIST from create itself, so it waits for the service. Any
         // other create replaces whatever the name holds, and a create-write-close of a small
         // file is a round trip shorter when the answer is taken in by the first flush: until
