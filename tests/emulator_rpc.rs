@@ -588,11 +588,18 @@ async fn folders_create_get_rename_delete() {
     assert_eq!(emu.stats().missing_routing_header, 0);
 }
 
+/// Any name the service's naming rules allow, however unlike a path; not those they refuse.
 #[tokio::test]
-async fn memory_backend_holds_any_name() {
+async fn memory_backend_holds_any_name_the_service_allows() {
     let emu = memory().await;
     let mut c = client(&emu).await;
-    for name in ["a//b", "../up", "/abs", "dir/", "."] {
+    for name in [".", "..", "a\nb", ".well-known/acme-challenge/t"] {
+        assert!(
+            emu.put_object("b", name, Bytes::from_static(b"x")).is_err(),
+            "{name:?}"
+        );
+    }
+    for name in ["a//b", "../up", "/abs", "dir/", "./", ".well-known/x"] {
         let g = emu
             .put_object("b", name, Bytes::from(name.as_bytes().to_vec()))
             .unwrap();
