@@ -593,13 +593,35 @@ async fn folders_create_get_rename_delete() {
 async fn memory_backend_holds_any_name_the_service_allows() {
     let emu = memory().await;
     let mut c = client(&emu).await;
-    for name in [".", "..", "a\nb", ".well-known/acme-challenge/t"] {
+    // A bucket with a hierarchical namespace: folder names of at most 512 bytes (with the
+    // slash), at most 50 folder levels.
+    let folder_513 = format!("{}/x", "a".repeat(512));
+    let levels_51 = format!("{}x", "d/".repeat(51));
+    for name in [
+        ".",
+        "..",
+        "a\nb",
+        ".well-known/acme-challenge/t",
+        &folder_513,
+        &levels_51,
+    ] {
         assert!(
             emu.put_object("b", name, Bytes::from_static(b"x")).is_err(),
             "{name:?}"
         );
     }
-    for name in ["a//b", "../up", "/abs", "dir/", "./", ".well-known/x"] {
+    let folder_512 = format!("{}/x", "a".repeat(511));
+    let levels_50 = format!("{}x", "d/".repeat(50));
+    for name in [
+        "a//b",
+        "../up",
+        "/abs",
+        "dir/",
+        "./",
+        ".well-known/x",
+        &folder_512,
+        &levels_50,
+    ] {
         let g = emu
             .put_object("b", name, Bytes::from(name.as_bytes().to_vec()))
             .unwrap();

@@ -333,15 +333,48 @@ fn a_directory_rename_the_service_finishes_later_is_waited_for() {
 }
 
 /// A new name the service's naming rules refuse is refused at once, with a local errno, and
-/// nothing is created: the create of a file answers before the service does, so before, its
-/// refusal came only at the close (EIO), after the name had been listed.
+/// nothing reaches the service: the create of a file answers before the service does, so
+/// before, its refusal came only at the close (EIO), after the name had been listed.
 #[test]
 fn names_the_service_would_refuse_are_refused_at_once() {
     let env = FsEnv::new("b", |_| {});
     env.put("f", b"abc");
     let fs = &env.fs;
+    let calls = || {
+        let st = env.emu().stats();
+        (st.calls, st.write_streams)
+    };
     env.rt.block_on(async {
+        let well_known = fs
+            .mkdir(ROOT_INO, ".well-known")
+            .await
+            .expect("mkdir")
+            .attr
+            .ino;
+        // A bucket with a hierarchical namespace holds folder names of up to 512 bytes...
+        let mut long = ROOT_INO;
+        for c in ['p', 'q'] {
+            long = fs
+                .mkdir(long, &c.to_string().repeat(250))
+                .await
+                .expect("mkdir")
+                .attr
+                .ino;
+        }
+        let full = fs
+            .mkdir(long, &"r".repeat(9))
+            .await
+            .expect("512 bytes")
+            .attr
+            .ino;
+        // ...and 50 folder levels.
+        let mut deep = ROOT_INO;
+        for _ in 0..50 {
+            deep = fs.mkdir(deep, "d").await.expect("mkdir").attr.ino;
+        }
+        let before = calls();
         let einval = Some(Errno::EINVAL);
+        let too_long = Some(Errno::ENAMETOOLONG);
         assert_eq!(
             fs.create(ROOT_INO, "a\nb", libc::O_WRONLY).await.err(),
             einval
@@ -352,50 +385,45 @@ fn names_the_service_would_refuse_are_refused_at_once() {
             fs.rename(ROOT_INO, "f", ROOT_INO, "g\n", 0).await.err(),
             einval
         );
-        let well_known = fs
-            .mkdir(ROOT_INO, ".well-known")
-            .await
-            .expect("mkdir")
-            .attr
-            .ino;
         assert_eq!(fs.mkdir(well_known, "acme-challenge").await.err(), einval);
-        // Object names hold at most 1,024 bytes: four directories of 250 bytes take 1,004.
-        let mut dir = ROOT_INO;
-        for c in ['p', 'q', 'r', 's'] {
-            dir = fs
-                .mkdir(dir, &c.to_string().repeat(250))
-                .await
-                .expect("mkdir")
-                .attr
-                .ino;
-        }
-        let fits = "t".repeat(20);
-        let (_, opened) = fs
-            .create(dir, &fits, libc::O_WRONLY)
+        assert_eq!(fs.mkdir(long, &"s".repeat(10)).await.err(), too_long);
+        assert_eq!(fs.mkdir(full, "u").await.err(), too_long);
+        assert_eq!(fs.mkdir(deep, "d").await.err(), too_long);
+        assert_eq!(calls(), before, "refused without a call");
+        // A file's own name (up to 255 bytes) may take its key past 512 bytes.
+        let name = "t".repeat(255);
+        fs.rename(ROOT_INO, "f", full, &name, 0)
             .await
-            .expect("1,024 bytes");
+            .expect("rename");
+        assert_eq!(fs.lookup(full, &name).await.expect("moved").attr.size, 3);
+    });
+}
+
+/// A directory renamed to a longer name would take a folder under it past the service's 512
+/// bytes: the service refuses the whole rename (EINVAL), and nothing moves.
+#[test]
+fn a_directory_rename_that_would_make_a_folder_name_too_long_moves_nothing() {
+    let env = FsEnv::new("b", |_| {});
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let a = fs.mkdir(ROOT_INO, "a").await.expect("mkdir").attr.ino;
+        let (b, c) = ("b".repeat(250), "c".repeat(200));
+        let b_ino = fs.mkdir(a, &b).await.expect("mkdir").attr.ino;
+        let c_ino = fs.mkdir(b_ino, &c).await.expect("mkdir").attr.ino;
+        let (_, opened) = fs.create(c_ino, "f", libc::O_WRONLY).await.expect("create");
         fs.flush(opened.fh).await.expect("close");
         fs.release_write(opened.fh).await;
-        assert_eq!(
-            fs.create(dir, &"u".repeat(21), libc::O_WRONLY).await.err(),
-            Some(Errno::ENAMETOOLONG)
-        );
-        assert_eq!(
-            fs.mkdir(dir, &"v".repeat(21)).await.err(),
-            Some(Errno::ENAMETOOLONG)
-        );
-        let listed = env
-            .client
-            .list_page("b", &rapidfs::gcs::ListRequest::default())
+        // "a/b.../c.../" is 454 bytes; with "z" * 60 in place of "a" it would be 513.
+        let renamed = fs.rename(ROOT_INO, "a", ROOT_INO, &"z".repeat(60), 0).await;
+        assert_eq!(renamed.err(), Some(Errno::EINVAL));
+        assert!(fs.lookup(c_ino, "f").await.is_ok(), "nothing moved");
+        let shorter = "z".repeat(59);
+        fs.rename(ROOT_INO, "a", ROOT_INO, &shorter, 0)
             .await
-            .expect("list");
-        let refused: Vec<String> = listed
-            .objects
-            .into_iter()
-            .map(|o| o.name)
-            .filter(|n| n.contains(['\r', '\n']) || n.contains("acme"))
-            .collect();
-        assert!(refused.is_empty(), "{refused:?}");
-        assert!(fs.lookup(ROOT_INO, "f").await.is_ok(), "the rename left f");
+            .expect("512 bytes");
+        let z = fs.lookup(ROOT_INO, &shorter).await.expect("z").attr.ino;
+        let b_moved = fs.lookup(z, &b).await.expect("b").attr.ino;
+        let c_moved = fs.lookup(b_moved, &c).await.expect("c").attr.ino;
+        assert!(fs.lookup(c_moved, "f").await.is_ok());
     });
 }

@@ -190,7 +190,7 @@ fn ms(d: Duration) -> f64 {
 /// Time-to-first-byte of 20 small reads of the smallest non-empty object, on one stream.
 async fn ttfb(client: &Client, bucket: &str, objects: &[ObjectMeta]) -> Value {
     let Some(obj) = objects.iter().filter(|o| o.size > 0).min_by_key(|o| o.size) else {
-        return json!({ "skipped": "the bucket has no non-empty object in its first listing page" });
+        return json!({ "skipped": "the bucket has no non-empty object (other than uploads' aside objects) in its first listing page" });
     };
     let reader = match client.open_reader(bucket, &obj.name, None).await {
         Ok(r) => r,

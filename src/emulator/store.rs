@@ -207,30 +207,18 @@ impl Store {
         base ^ (rand::random::<u64>() << 20) | 1 << 63
     }
 
-    /// Refuses names the service refuses (its object naming rules: 1 to 1,024 bytes, no
-    /// carriage return or line feed, not `.` or `..`, not under `.well-known/acme-challenge/`)
-    /// and those the backend cannot hold.
+    /// Refuses names the service refuses (`check_service_name`) and those the backend
+    /// cannot hold.
     pub fn check_name(&self, name: &str) -> Result<(), Status> {
-        if name.is_empty() {
-            return Err(Status::invalid_argument("the object name is empty"));
-        }
-        if name.len() > 1024 {
-            return Err(Status::invalid_argument(format!(
-                "the object name is {} bytes long; the limit is 1024",
-                name.len()
-            )));
-        }
-        if name.contains(['\r', '\n']) {
-            return Err(Status::invalid_argument(format!(
-                "object name {name:?}: object names cannot contain carriage returns or line feeds"
-            )));
-        }
-        if name == "." || name == ".." || name.starts_with(".well-known/acme-challenge/") {
-            return Err(Status::invalid_argument(format!(
-                "object name {name:?} is not allowed"
-            )));
-        }
+        check_service_name(name)?;
         self.backend.check_name(name)
+    }
+
+    /// `check_name` for folder `folder` (which ends in `/`): the service's rules count the
+    /// slash in a folder's name, the backend holds it without.
+    fn check_new_folder(&self, folder: &str) -> Result<(), Status> {
+        check_service_name(folder)?;
+        self.backend.check_name(folder.trim_end_matches('/'))
     }
 
     /// Runs `f` on the bucket's state, refreshed for `prefix` (or one object) first.
@@ -550,7 +538,7 @@ impl Store {
         recursive: bool,
     ) -> Result<SystemTime, Status> {
         check_folder_name(folder)?;
-        self.check_name(folder.trim_end_matches('/'))?;
+        self.check_new_folder(folder)?;
         self.mutate(bucket, Refresh::Prefix(folder), Touched::Names(&[]), |b| {
             if b.folders.contains_key(folder) {
                 return Err(Status::already_exists(format!(
@@ -622,7 +610,7 @@ impl Store {
     pub fn check_rename_folder(&self, bucket: &str, from: &str, to: &str) -> Result<(), Status> {
         check_folder_name(from)?;
         check_folder_name(to)?;
-        self.check_name(to.trim_end_matches('/'))?;
+        self.check_new_folder(to)?;
         self.with_bucket(bucket, Refresh::Prefix(""), |b| {
             rename_folder_refused(b, from, to)
         })
@@ -632,7 +620,7 @@ impl Store {
     pub fn rename_folder(&self, bucket: &str, from: &str, to: &str) -> Result<SystemTime, Status> {
         check_folder_name(from)?;
         check_folder_name(to)?;
-        self.check_name(to.trim_end_matches('/'))?;
+        self.check_new_folder(to)?;
         self.mutate(bucket, Refresh::Prefix(""), Touched::All, |b| {
             rename_folder_refused(b, from, to)?;
             self.backend.rename_folder(bucket, from, to)?;
@@ -680,6 +668,38 @@ enum Refresh<'a> {
 
 /// The refusal of a rename of folder `from` to `to`: the source missing, the destination
 /// taken, or a move into itself.
+/// Refuses what the service's naming rules refuse in a bucket with a hierarchical namespace:
+/// object names of 1 to 1,024 bytes, with no carriage return or line feed, not `.` or `..`,
+/// not under `.well-known/acme-challenge/`; folder names (up to the last `/`) of at most 512
+/// bytes; at most 50 folder levels (slashes).
+fn check_service_name(name: &str) -> Result<(), Status> {
+    let refused = |why: String| {
+        Err(Status::invalid_argument(format!(
+            "object name {name:?}: {why}"
+        )))
+    };
+    if name.is_empty() {
+        return Err(Status::invalid_argument("the object name is empty"));
+    }
+    if name.len() > 1024 {
+        return refused(format!("{} bytes long; the limit is 1024", name.len()));
+    }
+    if name.contains(['\r', '\n']) {
+        return refused("object names cannot contain carriage returns or line feeds".into());
+    }
+    if name == "." || name == ".." || name.starts_with(".well-known/acme-challenge/") {
+        return refused("not allowed".into());
+    }
+    let folder = name.rfind('/').map_or(0, |i| i + 1);
+    if folder > 512 {
+        return refused(format!("a folder name of {folder} bytes; the limit is 512"));
+    }
+    if name.matches('/').count() > 50 {
+        return refused("more than 50 folder levels".into());
+    }
+    Ok(())
+}
+
 fn rename_folder_refused(b: &BucketState, from: &str, to: &str) -> Result<(), Status> {
     if !b.folders.contains_key(from) {
         return Err(Status::not_found(format!("folder {from:?} does not exist")));
@@ -693,6 +713,16 @@ fn rename_folder_refused(b: &BucketState, from: &str, to: &str) -> Result<(), St
         return Err(Status::invalid_argument(format!(
             "cannot move folder {from:?} into itself"
         )));
+    }
+    // Every name under the folder gets the new prefix: none may break the naming rules.
+    let under = |k: &&String| k.starts_with(from);
+    for name in b
+        .objects
+        .keys()
+        .filter(under)
+        .chain(b.folders.keys().filter(under))
+    {
+        check_service_name(&format!("{to}{}", &name[from.len()..]))?;
     }
     Ok(())
 }

@@ -3,6 +3,7 @@
 //! and, when it writes, the writer it shares with the other writing handles of its inode; a
 //! directory handle's cursor (the listing it reads).
 
+use super::inode::Inode;
 use super::listing::Listing;
 use super::lock;
 use super::read::Handle as ReadSide;
@@ -15,7 +16,7 @@ use std::time::Instant;
 /// What a handle number stands for.
 enum Open {
     File {
-        ino: u64,
+        inode: Inode,
         read: Arc<ReadSide>,
         writer: Option<Arc<FileWriter>>,
         /// A reading handle opened while its file was being rewritten: the writer whose
@@ -44,7 +45,7 @@ pub(super) struct KeptListing {
 /// What a file handle reads through.
 pub(super) struct FileSides {
     /// The file's inode.
-    pub ino: u64,
+    pub inode: Inode,
     /// Its read side, pinned to a version.
     pub read: Arc<ReadSide>,
     /// Its writer, when it writes.
@@ -78,10 +79,10 @@ impl Handles {
         fh
     }
 
-    /// Opens a file handle of inode `ino` reading through `read`; returns its number.
-    pub(super) fn add_file(&self, ino: u64, read: Arc<ReadSide>) -> u64 {
+    /// Opens a file handle of `inode` reading through `read`; returns its number.
+    pub(super) fn add_file(&self, inode: Inode, read: Arc<ReadSide>) -> u64 {
         self.add(Open::File {
-            ino,
+            inode,
             read,
             writer: None,
             rewrite: None,
@@ -100,6 +101,24 @@ impl Handles {
         match self.table().get_mut(&fh) {
             Some(Open::File { read, .. }) => Some(std::mem::replace(read, new)),
             _ => None,
+        }
+    }
+
+    /// Gives file handle `fh` the read side `new` if it still reads through `seen`: `Ok` with
+    /// the one replaced. `Err` with the one it reads through now when another change (a
+    /// rename's) replaced `seen` meanwhile, which wins.
+    pub(super) fn swap_read_side(
+        &self,
+        fh: u64,
+        seen: &Arc<ReadSide>,
+        new: Arc<ReadSide>,
+    ) -> Result<Arc<ReadSide>, Option<Arc<ReadSide>>> {
+        match self.table().get_mut(&fh) {
+            Some(Open::File { read, .. }) if Arc::ptr_eq(read, seen) => {
+                Ok(std::mem::replace(read, new))
+            }
+            Some(Open::File { read, .. }) => Err(Some(read.clone())),
+            _ => Err(None),
         }
     }
 
@@ -140,13 +159,13 @@ impl Handles {
     pub(super) fn file(&self, fh: u64) -> Option<FileSides> {
         match self.table().get(&fh) {
             Some(Open::File {
-                ino,
+                inode,
                 read,
                 writer,
                 rewrite,
                 ..
             }) => Some(FileSides {
-                ino: *ino,
+                inode: inode.clone(),
                 read: read.clone(),
                 writer: writer.clone(),
                 rewrite: rewrite.clone(),

@@ -363,7 +363,7 @@ impl Fs {
         let key = inode.key();
         let handle = Arc::new(self.inner.reads.open(&key, meta, direct));
         self.prefetch_on_open(&key);
-        let fh = self.inner.handles.add_file(inode.ino, handle);
+        let fh = self.inner.handles.add_file(inode.clone(), handle);
         Opened { fh, keep_cache }
     }
 
@@ -439,7 +439,7 @@ impl Fs {
         let mut handle = sides.read;
         let mut rewrite = sides.rewrite;
         if sides.writer.is_none() && rewrite.is_none() {
-            (handle, rewrite) = self.follow(fh, sides.ino, handle).await?;
+            (handle, rewrite) = self.follow(fh, &sides.inode, handle).await;
         }
         if let Some(fw) = rewrite {
             if let Some(got) = self.inner.writes.read_rewrite(&fw, offset, size).await {
@@ -466,7 +466,7 @@ impl Fs {
                         return staged.unwrap_or(Err(Errno::EIO));
                     }
                 },
-                None => self.grown(fh, sides.ino, handle).await,
+                None => self.grown(fh, &sides.inode, handle).await,
             };
         }
         self.read_version(&handle, offset, size).await

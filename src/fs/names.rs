@@ -12,9 +12,16 @@ pub const NAME_MAX: usize = 255;
 /// Longest object name the service stores, in bytes of UTF-8.
 pub const KEY_MAX: usize = 1024;
 
+/// Longest folder name (a directory's key, with its slash) a bucket with a hierarchical
+/// namespace holds, in bytes of UTF-8.
+pub const FOLDER_MAX: usize = 512;
+
+/// Most folder levels (slashes) an object name may have in such a bucket.
+pub const DEPTH_MAX: usize = 50;
+
 /// Whether the service's object naming rules let `key` (an object's or a folder's name)
 /// be stored: no carriage return or line feed, nothing under `.well-known/acme-challenge/`.
-/// (Its length is checked apart: `KEY_MAX`.)
+/// (Its lengths are checked apart: `KEY_MAX`, `FOLDER_MAX`, `DEPTH_MAX`.)
 pub fn is_storable(key: &str) -> bool {
     !key.contains(['\r', '\n']) && !key.starts_with(".well-known/acme-challenge/")
 }

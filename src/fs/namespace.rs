@@ -44,11 +44,16 @@ impl Fs {
     }
 
     /// Refuses the object (or folder) name `key` of a new entry before the service would,
-    /// with the errno a local filesystem gives: ENAMETOOLONG past 1,024 bytes, EINVAL where
-    /// the service's naming rules forbid it (a carriage return or line feed in a name). A
-    /// create answers before the service does, so its refusal would only come at the close.
+    /// with the errno a local filesystem gives: ENAMETOOLONG for a name longer than the
+    /// service holds (a folder of more than 512 bytes, more than 50 levels, an object name
+    /// of more than 1,024 bytes), EINVAL where its naming rules forbid the name (a carriage
+    /// return or line feed in it). A create answers before the service does, so its refusal
+    /// would only come at the close.
     pub(super) fn check_key(key: &str) -> FsResult<()> {
-        if key.trim_end_matches('/').len() > names::KEY_MAX {
+        if key.len() > names::KEY_MAX
+            || names::parent_dir(key).len() > names::FOLDER_MAX
+            || key.matches('/').count() > names::DEPTH_MAX
+        {
             return Err(Errno::ENAMETOOLONG);
         }
         if !names::is_storable(key) {
@@ -278,6 +283,8 @@ impl Fs {
         Self::check_name(newname)?;
         self.dir_inode(parent)?;
         let to_dir = self.dir_inode(newparent)?;
+        // Before any call; a directory's key (one slash longer) is checked once known.
+        Self::check_key(&names::file_key(&to_dir.key(), newname))?;
         let src = self.existing(parent, name).await?.ok_or(Errno::ENOENT)?;
         let dst = self.existing(newparent, newname).await?;
         if dst.as_ref().is_some_and(|d| d.ino == src.ino) {
@@ -294,7 +301,6 @@ impl Fs {
                     return Err(Errno::EISDIR);
                 }
                 let to = names::file_key(&to_dir.key(), newname);
-                Self::check_key(&to)?;
                 if let Some(d) = &dst {
                     // A create of the target still on its way would land after the move; one
                     // that failed left nothing there.
@@ -401,8 +407,10 @@ impl Fs {
                     gcs::Error::PreconditionFailed(_) if noreplace => Errno(libc::EEXIST),
                     e => log_err("rename", &from, &e),
                 })?;
-                src.replace(super::inode::ObjMeta::from(&meta));
+                // The inode's new key first: a reader that sees its new generation
+                // (`Fs::follow`) then reads it under that key.
                 renamed();
+                src.replace(super::inode::ObjMeta::from(&meta));
                 if let Some(old) = moved_generation {
                     self.readers_follow(|(key, generation)| {
                         (key == from && generation == old)

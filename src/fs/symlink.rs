@@ -39,13 +39,13 @@ impl Fs {
             return Err(Errno::ENAMETOOLONG);
         }
         let dir = self.dir_inode(parent)?;
+        let key = names::file_key(&dir.key(), name);
+        Self::check_key(&key)?;
         // A directory of that name would win over the link's object and hide it.
         if self.existing(parent, name).await?.is_some() {
             return Err(Errno(libc::EEXIST));
         }
         let i = &self.inner;
-        let key = names::file_key(&dir.key(), name);
-        Self::check_key(&key)?;
         let data = Bytes::copy_from_slice(target.as_bytes());
         let meta = i
             .client

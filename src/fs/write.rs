@@ -574,17 +574,19 @@ impl Writes {
         lock(&self.by_ino).get(&ino).map(|(fw, _)| fw.clone())
     }
 
-    /// Whether the writer of `ino` on this mount is writing a new version of the file (one
-    /// streamed beside it, or a staged copy), which a reader asks `ready_for_reader` for. A
-    /// writer busy at this moment is taken as not: the next read asks again.
+    /// Whether the writer of `ino` on this mount may be writing a new version of the file
+    /// (one streamed beside it, or a staged copy), which a reader asks `ready_for_reader`
+    /// for. A writer busy at this moment may be, and the reader waits for it there: the
+    /// kernel keeps what a read answers.
     pub fn rewrites(&self, ino: u64) -> bool {
         let Some(fw) = self.writer_of(ino) else {
             return false;
         };
-        let Ok(st) = fw.state.try_lock() else {
-            return false;
+        let rewriting = match fw.state.try_lock() {
+            Ok(st) => matches!(*st, State::Replacing { .. } | State::Staged(_)),
+            Err(_) => true,
         };
-        matches!(*st, State::Replacing { .. } | State::Staged(_))
+        rewriting
     }
 
     /// Whether `ino` has a writer on this mount.

@@ -95,7 +95,7 @@ impl Fs {
         inode.note_open(meta.identity(), i.prefetch.open_clock(0));
         let fh = i
             .handles
-            .add_file(inode.ino, Arc::new(i.reads.open(&key, &meta, false)));
+            .add_file(inode.clone(), Arc::new(i.reads.open(&key, &meta, false)));
         i.handles.set_writer(fh, i.writes.attach_created(&inode, w));
         Ok((
             self.entry(&inode),
@@ -269,80 +269,91 @@ impl Fs {
         Ok(Some(fresh))
     }
 
-    /// Handle `fh` of file `ino`, which neither writes nor reads a rewrite, about to read. The
+    /// Handle `fh` of `inode`, which neither writes nor reads a rewrite, about to read. The
     /// kernel keeps one inode for every descriptor of the file and learns from this mount's
     /// writes what it holds, so the handle reads what this mount wrote over the version it
     /// opened: a new version streamed beside the file is placed, as for a reader opening
     /// now (`Writes::ready_for_reader`); a staged rewrite is read from its copy (`Some`,
     /// noted on the handle); a generation placed or uploaded since is read instead of the
-    /// one the handle opened. (Another mount's new generation is a new inode to this one.)
+    /// one the handle opened. An inode's generation changes only through this mount (its
+    /// writes and renames): another mount's new version of the name is a new inode here. A
+    /// writer's failure is its writer's to report: the handle reads on at what the inode
+    /// holds.
     pub(super) async fn follow(
         &self,
         fh: u64,
-        ino: u64,
+        inode: &Inode,
         handle: Arc<read::Handle>,
-    ) -> FsResult<(Arc<read::Handle>, Option<Arc<write::FileWriter>>)> {
+    ) -> (Arc<read::Handle>, Option<Arc<write::FileWriter>>) {
         let i = &self.inner;
-        let Ok(inode) = self.inode(ino) else {
-            return Ok((handle, None));
-        };
         let moved = inode
             .meta()
             .0
             .is_some_and(|m| m.generation != handle.object().1);
-        if !moved && !i.writes.rewrites(ino) {
-            return Ok((handle, None));
+        if !moved && !i.writes.rewrites(inode.ino) {
+            return (handle, None);
         }
-        if let Some(fw) = i.writes.ready_for_reader(ino).await? {
+        if let Ok(Some(fw)) = i.writes.ready_for_reader(inode.ino).await {
             i.handles.set_rewrite(fh, Some(fw.clone()));
-            return Ok((handle, Some(fw)));
+            return (handle, Some(fw));
         }
-        let Some(meta) = inode.meta().0 else {
-            return Ok((handle, None));
-        };
-        if meta.generation == handle.object().1 {
-            return Ok((handle, None));
+        match inode.meta().0 {
+            Some(meta) if meta.generation != handle.object().1 => {
+                (self.reread(fh, inode, &meta, handle), None)
+            }
+            _ => (handle, None),
         }
-        let fresh = Arc::new(i.reads.open(&inode.key(), &meta, handle.direct()));
-        if let Some(old) = i.handles.replace_read_side(fh, fresh.clone()) {
-            i.reads.release(&old);
-        }
-        Ok((fresh, None))
     }
 
-    /// Handle `fh` of file `ino`, which does not write, asked for bytes past the size its read
+    /// Handle `fh` of `inode`, which does not write, asked for bytes past the size its read
     /// side opened at. The kernel shares one inode between every descriptor of the file, so
     /// it asks for what appends through this mount (or a fresher stat) told it is there, and
     /// a short answer would leave zeros in its page cache where those bytes are. The handle
     /// reads on at the size its version has now: this mount's streamed appends are made
-    /// durable first. A new generation is not followed: the handle keeps the version it
-    /// opened, and a writer's failure is its writer's to report.
+    /// durable first. A new generation is `follow`'s to take, and a writer's failure is its
+    /// writer's to report.
     pub(super) async fn grown(
         &self,
         fh: u64,
-        ino: u64,
+        inode: &Inode,
         handle: Arc<read::Handle>,
     ) -> Arc<read::Handle> {
         let i = &self.inner;
-        if let Some(fw) = i.writes.writer_of(ino) {
+        if let Some(fw) = i.writes.writer_of(inode.ino) {
             if fw.written().1 > handle.size() {
                 let _ = i.writes.persist_appends(&fw).await;
             }
         }
-        let Ok(inode) = self.inode(ino) else {
-            return handle;
-        };
-        let Some(meta) = inode.meta().0 else {
-            return handle;
-        };
-        if meta.generation != handle.object().1 || meta.size <= handle.size() {
-            return handle;
+        match inode.meta().0 {
+            Some(meta) if meta.generation == handle.object().1 && meta.size > handle.size() => {
+                self.reread(fh, inode, &meta, handle)
+            }
+            _ => handle,
         }
-        let fresh = Arc::new(i.reads.open(&inode.key(), &meta, handle.direct()));
-        if let Some(old) = i.handles.replace_read_side(fh, fresh.clone()) {
-            i.reads.release(&old);
+    }
+
+    /// Handle `fh` reads `inode`'s version `meta` from now on instead of through `seen`:
+    /// the read side it reads through. A rename's repointing that replaced `seen`
+    /// meanwhile wins over this one.
+    fn reread(
+        &self,
+        fh: u64,
+        inode: &Inode,
+        meta: &ObjMeta,
+        seen: Arc<read::Handle>,
+    ) -> Arc<read::Handle> {
+        let i = &self.inner;
+        let fresh = Arc::new(i.reads.open(&inode.key(), meta, seen.direct()));
+        match i.handles.swap_read_side(fh, &seen, fresh.clone()) {
+            Ok(old) => {
+                i.reads.release(&old);
+                fresh
+            }
+            Err(current) => {
+                i.reads.release(&fresh);
+                current.unwrap_or(seen)
+            }
         }
-        fresh
     }
 
     /// Refuses writes from now on (EIO), waits for those in flight, and makes every byte
