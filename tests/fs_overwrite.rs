@@ -491,3 +491,34 @@ fn a_reader_opened_before_a_rewrite_reads_the_rewritten_bytes() {
         fs.release(reader);
     });
 }
+
+/// A read that comes while the writer is busy placing the new version (an fsync in flight)
+/// waits for it and reads what it placed: taking the busy writer for an idle one read the
+/// old version, which the kernel would then keep.
+#[test]
+fn a_reader_waits_for_a_new_version_being_placed() {
+    let (env, _) = with_a_file();
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let ino = fs.lookup(ROOT_INO, "f").await.expect("lookup").attr.ino;
+        let reader = fs.open(ino, false, false).await.expect("open").fh;
+        let (_, fh) = truncated(&env, "f").await;
+        let new = wrote(&env, fh, 0, 2, 300).await;
+        env.emu().set_faults(rapidfs::emulator::Faults {
+            latency_us: 100_000,
+            ..Default::default()
+        });
+        let placing = tokio::spawn({
+            let fs = fs.clone();
+            async move { fs.fsync(ino, fh).await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+        assert!(!placing.is_finished(), "the fsync is still placing");
+        let got = fs.read(reader, 0, 4096).await.expect("read");
+        env.emu().set_faults(rapidfs::emulator::Faults::default());
+        placing.await.expect("join").expect("fsync");
+        assert_eq!(got[..], new[..]);
+        closed(&env, fh).await;
+        fs.release(reader);
+    });
+}
