@@ -53,6 +53,18 @@ fn with_a_file() -> (FsEnv, Vec<u8>) {
     (env, old)
 }
 
+/// Opens the existing file `name` for reading: its inode and handle.
+async fn opened_to_read(env: &FsEnv, name: &str) -> (u64, u64) {
+    let ino = env
+        .fs
+        .lookup(ROOT_INO, name)
+        .await
+        .expect("lookup")
+        .attr
+        .ino;
+    (ino, env.fs.open(ino, false, false).await.expect("open").fh)
+}
+
 /// Opens the existing file `name` write-only with O_TRUNC: its inode and handle.
 async fn truncated(env: &FsEnv, name: &str) -> (u64, u64) {
     let ino = env
@@ -453,8 +465,7 @@ fn a_reader_opened_before_an_overwrite_reads_the_new_version() {
     let (env, _) = with_a_file();
     let fs = &env.fs;
     env.rt.block_on(async {
-        let ino = fs.lookup(ROOT_INO, "f").await.expect("lookup").attr.ino;
-        let reader = fs.open(ino, false, false).await.expect("open").fh;
+        let (_, reader) = opened_to_read(&env, "f").await;
         let (_, fh) = truncated(&env, "f").await;
         let new = wrote(&env, fh, 0, 2, 300).await;
         let got = fs.read(reader, 0, 4096).await.expect("read while written");
@@ -477,8 +488,7 @@ fn a_reader_opened_before_a_rewrite_reads_the_rewritten_bytes() {
     let (env, old) = with_a_file();
     let fs = &env.fs;
     env.rt.block_on(async {
-        let ino = fs.lookup(ROOT_INO, "f").await.expect("lookup").attr.ino;
-        let reader = fs.open(ino, false, false).await.expect("open").fh;
+        let (ino, reader) = opened_to_read(&env, "f").await;
         let fh = fs.open_write(ino, false).await.expect("open O_RDWR").fh;
         let patch = wrote(&env, fh, 100, 4, 50).await;
         let mut want = old.clone();
@@ -500,8 +510,7 @@ fn a_reader_waits_for_a_new_version_being_placed() {
     let (env, _) = with_a_file();
     let fs = &env.fs;
     env.rt.block_on(async {
-        let ino = fs.lookup(ROOT_INO, "f").await.expect("lookup").attr.ino;
-        let reader = fs.open(ino, false, false).await.expect("open").fh;
+        let (ino, reader) = opened_to_read(&env, "f").await;
         let (_, fh) = truncated(&env, "f").await;
         let new = wrote(&env, fh, 0, 2, 300).await;
         env.emu().set_faults(rapidfs::emulator::Faults {
