@@ -53,6 +53,12 @@ fn with_a_file() -> (FsEnv, Vec<u8>) {
     (env, old)
 }
 
+/// Reads handle `fh` whole (a file of at most 4 KiB) and checks it holds `want`, `when`.
+async fn assert_reads(env: &FsEnv, fh: u64, want: &[u8], when: &str) {
+    let got = env.fs.read(fh, 0, 4096).await.expect("read");
+    assert_eq!(got[..], want[..], "{when}");
+}
+
 /// Opens the existing file `name` for reading: its inode and handle.
 async fn opened_to_read(env: &FsEnv, name: &str) -> (u64, u64) {
     let ino = env
@@ -468,14 +474,12 @@ fn a_reader_opened_before_an_overwrite_reads_the_new_version() {
         let (_, reader) = opened_to_read(&env, "f").await;
         let (_, fh) = truncated(&env, "f").await;
         let new = wrote(&env, fh, 0, 2, 300).await;
-        let got = fs.read(reader, 0, 4096).await.expect("read while written");
-        assert_eq!(got[..], new[..], "while the new version is written");
+        assert_reads(&env, reader, &new, "while the new version is written").await;
         let more = wrote(&env, fh, 300, 3, 200).await;
         closed(&env, fh).await;
         let mut all = new.clone();
         all.extend_from_slice(&more);
-        let got = fs.read(reader, 0, 4096).await.expect("read after");
-        assert_eq!(got[..], all[..], "once it is closed");
+        assert_reads(&env, reader, &all, "once it is closed").await;
         assert_eq!(in_bucket(&env, "f").await, all);
         fs.release(reader);
     });
@@ -493,11 +497,9 @@ fn a_reader_opened_before_a_rewrite_reads_the_rewritten_bytes() {
         let patch = wrote(&env, fh, 100, 4, 50).await;
         let mut want = old.clone();
         want[100..150].copy_from_slice(&patch);
-        let got = fs.read(reader, 0, 4096).await.expect("read while staged");
-        assert_eq!(got[..], want[..], "while the rewrite lasts");
+        assert_reads(&env, reader, &want, "while the rewrite lasts").await;
         closed(&env, fh).await;
-        let got = fs.read(reader, 0, 4096).await.expect("read after");
-        assert_eq!(got[..], want[..], "once it is uploaded");
+        assert_reads(&env, reader, &want, "once it is uploaded").await;
         fs.release(reader);
     });
 }
