@@ -65,6 +65,12 @@ pub fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if matches!(
+        cli.command,
+        Command::Check(_) | Command::Unfinalized(_) | Command::Finalize(_)
+    ) {
+        end_quietly_when_stdout_closes();
+    }
     let result = match cli.command {
         Command::Emulator(args) => emulator::run(args, cli.log_level, cli.log_format),
         Command::Mount(args) => mount::run(*args, cli.log_level, cli.log_format),
@@ -141,6 +147,7 @@ fn report_clap_error(e: &clap::Error) -> ExitCode {
     use clap::error::ErrorKind;
     match e.kind() {
         ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            end_quietly_when_stdout_closes();
             print!("{e}");
             ExitCode::SUCCESS
         }
@@ -155,6 +162,17 @@ fn report_clap_error(e: &clap::Error) -> ExitCode {
             eprintln!("rapidfs: error: {first} (see 'rapidfs --help')");
             ExitCode::from(2)
         }
+    }
+}
+
+/// A command that prints to stdout and then ends, piped into `head`, ends as coreutils' do
+/// when the reader goes away: killed by SIGPIPE, silently, instead of panicking in `println!`.
+/// The long-running daemons keep Rust's ignored SIGPIPE, so a closed log pipe never kills a
+/// mount or an emulator.
+fn end_quietly_when_stdout_closes() {
+    // SAFETY: only sets a signal's disposition to the default, before any other thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 

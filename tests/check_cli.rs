@@ -167,6 +167,42 @@ fn dead_endpoint_and_missing_bucket_fail_fast_in_one_line() {
     );
 }
 
+/// `rapidfs ARGS` with stdout a pipe whose reader has already gone, as in `rapidfs ... | head`
+/// once `head` has its lines: (the signal that ended it, its stderr).
+fn into_a_closed_pipe(home: &std::path::Path, args: &[&str]) -> (Option<i32>, String) {
+    use std::os::unix::process::ExitStatusExt;
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    let out = Command::new(env!("CARGO_BIN_EXE_rapidfs"))
+        .args(args)
+        .env("HOME", home)
+        .env_remove("GCE_METADATA_HOST")
+        .stdin(Stdio::null())
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .output()
+        .expect("rapidfs runs");
+    (out.status.signal(), text(&out.stderr))
+}
+
+#[test]
+fn output_piped_into_a_reader_that_went_away_ends_quietly() {
+    let env = Env::new(BUCKET);
+    env.put(BUCKET, "small.txt", b"tiny object");
+    let home = tempfile::tempdir().expect("home");
+    let ep = env.emu().endpoint();
+    for args in [
+        vec!["--help"],
+        vec!["mount", "--help"],
+        vec!["--version"],
+        vec!["check", BUCKET, "--endpoint", &ep],
+    ] {
+        let (signal, stderr) = into_a_closed_pipe(home.path(), &args);
+        assert_eq!(signal, Some(libc::SIGPIPE), "{args:?}: {stderr}");
+        assert_eq!(stderr, "", "{args:?}");
+    }
+}
+
 /// A TLS emulator that accepts exactly the tokens the fake hands out.
 fn tls_setup(zone: Option<&str>) -> (tokio::runtime::Runtime, Arc<Emulator>, FakeGoogle, TestPki) {
     let (rt, emu, fake, pki) = tls_counting(zone);
