@@ -10,7 +10,7 @@ use rapidfs::proto::control::{
 };
 use rapidfs::proto::storage::{
     BidiReadHandle, BidiReadObjectRequest, DeleteObjectRequest, GetBucketRequest, GetObjectRequest,
-    ListObjectsRequest, MoveObjectRequest,
+    ListObjectsRequest, MoveObjectRequest, Object, UpdateObjectRequest,
 };
 use tonic::Code;
 
@@ -488,6 +488,106 @@ async fn delete_and_move_follow_preconditions() {
     .await
     .unwrap();
     let e = c.delete_object(routed("b", del(None))).await.unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+}
+
+/// UpdateObject of the custom metadata: one key (`metadata.KEY`, as Google's clients patch
+/// it) or the whole map, preconditions on generation and metageneration, the bytes and the
+/// generation kept, a move keeping what it set; any other field refused.
+#[tokio::test]
+async fn update_object_sets_custom_metadata_under_preconditions() {
+    let emu = memory().await;
+    let g = emu
+        .put_object_with_metadata("b", "x", Bytes::from_static(b"hello"), &[("keep", "1")])
+        .unwrap();
+    let mut c = client(&emu).await;
+    let update = |paths: &[&str], pairs: &[(&str, &str)], gm: Option<i64>, mm: Option<i64>| {
+        UpdateObjectRequest {
+            object: Some(Object {
+                bucket: bpath("b"),
+                name: "x".into(),
+                metadata: pairs
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                ..Default::default()
+            }),
+            if_generation_match: gm,
+            if_metageneration_match: mm,
+            update_mask: Some(prost_types::FieldMask {
+                paths: paths.iter().map(|p| p.to_string()).collect(),
+            }),
+            ..Default::default()
+        }
+    };
+    let o = c
+        .update_object(routed(
+            "b",
+            update(
+                &["metadata.gcsfuse_mtime"],
+                &[("gcsfuse_mtime", "t1")],
+                Some(g),
+                None,
+            ),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((o.generation, o.metageneration, o.size), (g, 2, 5));
+    assert_eq!(
+        o.metadata.get("gcsfuse_mtime").map(String::as_str),
+        Some("t1")
+    );
+    assert_eq!(o.metadata.get("keep").map(String::as_str), Some("1"));
+    // A key named in the mask and absent from the map is removed.
+    let o = c
+        .update_object(routed("b", update(&["metadata.keep"], &[], None, Some(2))))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(o.metageneration, 3);
+    assert!(!o.metadata.contains_key("keep"), "{:?}", o.metadata);
+    for (req, code) in [
+        (
+            update(&["metadata"], &[], Some(g + 1), None),
+            Code::FailedPrecondition,
+        ),
+        (
+            update(&["metadata"], &[], None, Some(2)),
+            Code::FailedPrecondition,
+        ),
+        (update(&[], &[], None, None), Code::InvalidArgument),
+        (
+            update(&["content_type"], &[], None, None),
+            Code::InvalidArgument,
+        ),
+    ] {
+        let e = c.update_object(routed("b", req)).await.unwrap_err();
+        assert_eq!(e.code(), code, "{e:?}");
+    }
+    // The whole map replaced.
+    let o = c
+        .update_object(routed(
+            "b",
+            update(&["metadata"], &[("a", "b")], None, None),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(o.metadata.len(), 1);
+    assert_eq!(read_all(&mut c, "b", "x").await, b"hello");
+    let mv = MoveObjectRequest {
+        bucket: bpath("b"),
+        source_object: "x".into(),
+        destination_object: "y".into(),
+        ..Default::default()
+    };
+    let moved = c.move_object(routed("b", mv)).await.unwrap().into_inner();
+    assert_eq!(moved.metadata.get("a").map(String::as_str), Some("b"));
+    let e = c
+        .update_object(routed("b", update(&["metadata"], &[], None, None)))
+        .await
+        .unwrap_err();
     assert_eq!(e.code(), Code::NotFound);
 }
 

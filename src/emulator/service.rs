@@ -14,6 +14,7 @@ use crate::proto::storage::storage_server::Storage;
 use crate::proto::storage::{
     BidiReadObjectRequest, BidiWriteObjectRequest, Bucket, DeleteObjectRequest, GetBucketRequest,
     GetObjectRequest, ListObjectsRequest, ListObjectsResponse, MoveObjectRequest, Object,
+    UpdateObjectRequest,
 };
 use tonic::{Request, Response, Status, Streaming};
 
@@ -64,6 +65,13 @@ impl Storage for Service {
         req: Request<MoveObjectRequest>,
     ) -> Result<Response<Object>, Status> {
         self.move_object_impl(req).await
+    }
+
+    async fn update_object(
+        &self,
+        req: Request<UpdateObjectRequest>,
+    ) -> Result<Response<Object>, Status> {
+        self.update_object_impl(req).await
     }
 }
 

@@ -496,6 +496,44 @@ impl Store {
         })
     }
 
+    /// Sets the live object's custom metadata (UpdateObject): `metadata` replaces it whole,
+    /// or, with `keys`, only those keys (a key missing from `metadata` is removed). A metadata
+    /// change bumps the metageneration and the update time, and keeps the bytes and the
+    /// generation, as on the service.
+    pub fn update_metadata(
+        &self,
+        bucket: &str,
+        name: &str,
+        metadata: CustomMetadata,
+        keys: Option<&[String]>,
+        pre: Preconditions,
+    ) -> Result<Entry, Status> {
+        self.mutate(bucket, Refresh::One(name), Touched::Names(&[name]), |b| {
+            let e = b
+                .objects
+                .get_mut(name)
+                .ok_or_else(|| not_found(bucket, name))?;
+            pre.check(Some((e.content.generation, e.metageneration)))?;
+            let mut updated = match keys {
+                None => CustomMetadata::new(),
+                Some(_) => e.metadata.clone(),
+            };
+            for k in keys.unwrap_or_default() {
+                updated.remove(k);
+            }
+            updated.extend(
+                metadata
+                    .into_iter()
+                    .filter(|(k, _)| keys.is_none_or(|keys| keys.contains(k))),
+            );
+            check_custom_metadata(&updated)?;
+            e.metadata = updated;
+            e.metageneration += 1;
+            e.content.state().update_time = SystemTime::now();
+            Ok(e.clone())
+        })
+    }
+
     /// Renames one object atomically: the destination is created anew (a new generation,
     /// metageneration 1) with the source's bytes and metadata, as the service documents.
     pub fn move_object(

@@ -1,4 +1,5 @@
-//! The unary object calls: GetBucket, GetObject, ListObjects, DeleteObject, MoveObject.
+//! The unary object calls: GetBucket, GetObject, ListObjects, DeleteObject, MoveObject,
+//! UpdateObject (custom metadata only).
 //! Each counts itself, checks the routing header, may fail by injected fault, and waits out
 //! the injected latency. Touches the store.
 
@@ -10,7 +11,7 @@ use super::stats::add;
 use super::Service;
 use crate::proto::storage::{
     bucket, Bucket, DeleteObjectRequest, GetBucketRequest, GetObjectRequest, ListObjectsRequest,
-    ListObjectsResponse, MoveObjectRequest, Object,
+    ListObjectsResponse, MoveObjectRequest, Object, UpdateObjectRequest,
 };
 use tonic::{Request, Response, Status};
 
@@ -176,5 +177,58 @@ impl Service {
         )?;
         self.calls
             .answer(Response::new(to_proto(&bucket, &r.destination_object, &e)))
+    }
+
+    /// UpdateObject of the custom metadata, the one field rapidfs updates: `metadata` sets
+    /// the whole map, `metadata.KEY` one key (removed when the request's map lacks it). Any
+    /// other field is refused, so a client relying on more fails loudly here.
+    pub(crate) async fn update_object_impl(
+        &self,
+        req: Request<UpdateObjectRequest>,
+    ) -> Result<Response<Object>, Status> {
+        let bucket_field = req
+            .get_ref()
+            .object
+            .as_ref()
+            .map(|o| o.bucket.clone())
+            .unwrap_or_default();
+        let bucket = self.unary(req.metadata(), "bucket", &bucket_field).await?;
+        let r = req.into_inner();
+        let object = r
+            .object
+            .ok_or_else(|| Status::invalid_argument("UpdateObject needs an object"))?;
+        let paths = r.update_mask.map(|m| m.paths).unwrap_or_default();
+        if paths.is_empty() {
+            return Err(Status::invalid_argument(
+                "UpdateObject needs an update_mask",
+            ));
+        }
+        let whole = paths.iter().any(|p| p == "metadata");
+        let mut keys = Vec::new();
+        for p in &paths {
+            match p.strip_prefix("metadata.") {
+                Some(key) if !key.is_empty() => keys.push(key.to_string()),
+                _ if p == "metadata" => {}
+                _ => {
+                    return Err(Status::invalid_argument(format!(
+                        "the emulator updates only metadata, not {p:?}"
+                    )))
+                }
+            }
+        }
+        let e = self.store.update_metadata(
+            &bucket,
+            &object.name,
+            object.metadata.into_iter().collect(),
+            (!whole).then_some(keys.as_slice()),
+            Preconditions {
+                if_generation_match: r.if_generation_match,
+                if_generation_not_match: r.if_generation_not_match,
+                if_metageneration_match: r.if_metageneration_match,
+                if_metageneration_not_match: r.if_metageneration_not_match,
+            },
+        )?;
+        self.calls
+            .answer(Response::new(to_proto(&bucket, &object.name, &e)))
     }
 }

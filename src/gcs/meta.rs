@@ -1,6 +1,6 @@
 //! The client's own view of objects and listings (`ObjectMeta`, `ListRequest`, `ListPage`),
 //! converted from the generated proto types so fs/ never sees them, and the custom metadata
-//! conventions other GCS tools mark symbolic links with (`Symlink`).
+//! conventions other GCS tools mark symbolic links (`Symlink`) and modification times with.
 
 use crate::proto::storage as pb;
 use std::collections::HashMap;
@@ -12,6 +12,34 @@ const SYMLINK_TARGET_KEY: &str = "gcsfuse_symlink_target";
 /// The key gcloud storage, Storage Transfer Service and gcsfuse 3.9 on mark a symbolic link
 /// with, the value being `true`: the object's bytes are the target.
 const SYMLINK_MARKER_KEY: &str = "goog-reserved-file-is-symlink";
+
+/// The custom metadata key gcsfuse keeps a file's modification time in (set by `utimes(2)`,
+/// `touch`, `rsync -a`, `tar -x`, `cp -p`), an RFC 3339 time.
+pub(crate) const MTIME_KEY: &str = "gcsfuse_mtime";
+/// The key gcloud storage and gsutil keep a copied file's modification time in, in whole
+/// seconds since the epoch; `gcloud storage rsync` compares it.
+const UPLOADED_MTIME_KEY: &str = "goog-reserved-file-mtime";
+
+/// The modification time `metadata` gives an object, gcsfuse's key first.
+fn mtime_of(metadata: &HashMap<String, String>) -> Option<SystemTime> {
+    if let Some(t) = metadata.get(MTIME_KEY) {
+        let parsed = t.trim().parse::<prost_types::Timestamp>().ok();
+        if let Some(t) = parsed.and_then(|t| SystemTime::try_from(t).ok()) {
+            return Some(t);
+        }
+    }
+    let secs = metadata
+        .get(UPLOADED_MTIME_KEY)?
+        .trim()
+        .parse::<u64>()
+        .ok()?;
+    UNIX_EPOCH.checked_add(Duration::from_secs(secs))
+}
+
+/// `t` as `MTIME_KEY` holds it (RFC 3339 in UTC, as gcsfuse writes it).
+pub(crate) fn mtime_value(t: SystemTime) -> String {
+    prost_types::Timestamp::from(t).to_string()
+}
 
 /// How an object says it is a symbolic link.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,6 +96,9 @@ pub struct ObjectMeta {
     pub update_time: SystemTime,
     /// Set when the object stands for a symbolic link (see `Symlink`).
     pub symlink: Option<Symlink>,
+    /// The modification time its custom metadata gives (`MTIME_KEY`, or the key gcloud
+    /// storage sets), when one does; else the file's mtime is `update_time`.
+    pub mtime: Option<SystemTime>,
 }
 
 /// The `Object` fields `ObjectMeta` is made of: what listings ask for (`read_mask`), so the
@@ -109,6 +140,7 @@ impl ObjectMeta {
             create_time: to_system_time(o.create_time.as_ref()),
             update_time: to_system_time(o.update_time.as_ref()),
             symlink: Symlink::of(&o.metadata),
+            mtime: mtime_of(&o.metadata),
         }
     }
 }
@@ -220,6 +252,43 @@ mod tests {
         let m = ObjectMeta::from(&unfinalized);
         assert!(!m.finalized);
         assert_eq!(m.size, 0);
+    }
+
+    #[test]
+    fn the_mtime_comes_from_gcsfuse_s_key_then_gcloud_s_and_survives_a_round_trip() {
+        let md = |pairs: &[(&str, &str)]| -> HashMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let at = |s: u64, n: u32| UNIX_EPOCH + Duration::new(s, n);
+        // As gcsfuse writes it (Go's RFC3339Nano, trailing zeros dropped).
+        assert_eq!(
+            mtime_of(&md(&[(MTIME_KEY, "2020-01-02T03:04:05.5Z")])),
+            Some(at(1_577_934_245, 500_000_000))
+        );
+        assert_eq!(
+            mtime_of(&md(&[(UPLOADED_MTIME_KEY, "1577934245")])),
+            Some(at(1_577_934_245, 0))
+        );
+        assert_eq!(
+            mtime_of(&md(&[
+                (MTIME_KEY, "2020-01-02T03:04:05Z"),
+                (UPLOADED_MTIME_KEY, "7")
+            ])),
+            Some(at(1_577_934_245, 0))
+        );
+        // Unreadable values fall through to the next convention, then to none.
+        assert_eq!(
+            mtime_of(&md(&[(MTIME_KEY, "yesterday"), (UPLOADED_MTIME_KEY, "7")])),
+            Some(at(7, 0))
+        );
+        assert_eq!(mtime_of(&md(&[(UPLOADED_MTIME_KEY, "-1")])), None);
+        assert_eq!(mtime_of(&md(&[])), None);
+        for t in [at(1_577_934_245, 0), at(1_795_961_776, 440_004_835)] {
+            assert_eq!(mtime_of(&md(&[(MTIME_KEY, &mtime_value(t))])), Some(t));
+        }
     }
 
     #[test]

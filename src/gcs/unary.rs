@@ -1,8 +1,8 @@
 //! The unary calls of `Client` (GetObject, ListObjects as pages and as a stream of pages,
-//! DeleteObject, MoveObject, GetBucket), each with the routing header, a per-call deadline
+//! DeleteObject, MoveObject, UpdateObject of a modification time, GetBucket), each with the routing header, a per-call deadline
 //! and the shared retry policy.
 
-use super::meta::{ListPage, ListRequest, ObjectMeta};
+use super::meta::{mtime_value, ListPage, ListRequest, ObjectMeta, MTIME_KEY};
 use super::{bucket_path, object_url, retry, routing, Client, Error, Result};
 use crate::proto::control as pb_control;
 use crate::proto::storage as pb;
@@ -214,6 +214,40 @@ impl Client {
             }
             (Err(e), _) => Err(e),
         }
+    }
+
+    /// Records `mtime` as generation `generation` of `object`'s modification time, in the
+    /// custom metadata key gcsfuse keeps it in (`MTIME_KEY`), leaving the object's other keys
+    /// as they are. Setting one key to one value is idempotent, so retries are safe; a newer
+    /// generation than `generation` fails the call (PreconditionFailed).
+    pub async fn set_mtime(
+        &self,
+        bucket: &str,
+        object: &str,
+        generation: i64,
+        mtime: SystemTime,
+    ) -> Result<ObjectMeta> {
+        let what = format!("set the mtime of {}", object_url(bucket, object));
+        let msg = pb::UpdateObjectRequest {
+            object: Some(pb::Object {
+                bucket: bucket_path(bucket),
+                name: object.to_string(),
+                metadata: [(MTIME_KEY.to_string(), mtime_value(mtime))].into(),
+                ..Default::default()
+            }),
+            if_generation_match: Some(generation),
+            update_mask: Some(prost_types::FieldMask {
+                paths: vec![format!("metadata.{MTIME_KEY}")],
+            }),
+            ..Default::default()
+        };
+        let o = retry::unary(self.config(), &what, |_| {
+            let req = routing::request(msg.clone(), bucket, None, Some(self.call_timeout()));
+            let mut stub = self.stub();
+            async move { stub.update_object(req.map_err(to_status)?).await }
+        })
+        .await?;
+        Ok(ObjectMeta::from(o.get_ref()))
     }
 
     /// Bucket facts (location type tells a zonal Rapid bucket apart).
