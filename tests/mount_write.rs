@@ -1,7 +1,7 @@
 //! Writes through a real FUSE mount: files stream into appendable objects (one generation,
 //! one write stream), fsync and close make bytes durable, readers on the mount see what was
-//! written, takeover across mounts fences the first writer, and a read-only mount answers
-//! EROFS. (Writes that are not appends are staged: tests/mount_staging.rs.)
+//! written, takeover across mounts fences the first writer, modification times set by
+//! `rsync -a`, `tar -x` and `cp -p` are kept, and a read-only mount answers EROFS. (Writes that are not appends are staged: tests/mount_staging.rs.)
 
 mod mount_support;
 mod write_support;
@@ -436,6 +436,73 @@ fn finalize_on_close_leaves_finalized_objects() {
     assert!(got.finalized, "finalized after the last close");
     assert_eq!(got.size, 3 * MIB as u64);
     assert_eq!(got.crc32c, Some(crc_of(6, 3)));
+}
+
+/// Runs `cmd` through `sh -c`, failing the test with its output when it fails.
+fn sh(cmd: &str) -> String {
+    let out = std::process::Command::new("sh")
+        .args(["-c", cmd])
+        .output()
+        .expect("sh runs");
+    let text = |b: &[u8]| String::from_utf8_lossy(b).to_string();
+    assert!(
+        out.status.success(),
+        "{cmd}: {}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+fn mtime_secs(path: &std::path::Path) -> i64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .mtime()
+}
+
+/// The copies users make onto a mount keep their sources' modification times, on the mount
+/// and on the next one: `rsync -a` sets them after the close, `tar -x` and `cp -p` on the
+/// open descriptor before it (and `cp -p` then chowns it). A second `rsync -a` then finds
+/// every file up to date and sends no bytes.
+#[test]
+fn copies_keep_their_sources_modification_times() {
+    let env = Env::new(BUCKET);
+    let cfg = env.config();
+    let m = env.mount(BUCKET, &cfg);
+    let src = tempfile::tempdir().expect("tempdir");
+    let s = src.path().display().to_string();
+    sh(&format!(
+        "mkdir -p {s}/d && head -c 3000 /dev/urandom > {s}/d/a && echo b > {s}/b && \
+         touch -d '2020-01-02 03:04:05' {s}/d/a && touch -d '2011-11-11 11:11:11' {s}/b"
+    ));
+    let mnt = m.p("").display().to_string();
+    sh(&format!("rsync -a {s}/ {mnt}/rs/"));
+    sh(&format!(
+        "mkdir {mnt}/tar && tar -C {s} -cf - . | tar -C {mnt}/tar -xf -"
+    ));
+    sh(&format!("cp -p {s}/d/a {mnt}/cp"));
+    let want_a = mtime_secs(&src.path().join("d/a"));
+    let want_b = mtime_secs(&src.path().join("b"));
+    let check = |root: &std::path::Path, when: &str| {
+        for (rel, want) in [
+            ("rs/d/a", want_a),
+            ("rs/b", want_b),
+            ("tar/d/a", want_a),
+            ("tar/b", want_b),
+            ("cp", want_a),
+        ] {
+            assert_eq!(mtime_secs(&root.join(rel)), want, "{rel} {when}");
+        }
+    };
+    check(&m.p(""), "on the mount that wrote them");
+    let other = env.mount(BUCKET, &cfg);
+    check(&other.p(""), "on another mount");
+    let again = sh(&format!("rsync -ai {s}/ {mnt}/rs/"));
+    assert!(
+        !again.lines().any(|l| l.starts_with(">f")),
+        "rsync sent files again:\n{again}"
+    );
 }
 
 #[test]

@@ -236,6 +236,7 @@ mod tests {
             create_time: SystemTime::UNIX_EPOCH,
             update_time: SystemTime::UNIX_EPOCH,
             symlink: None,
+            mtime: None,
         }
     }
 

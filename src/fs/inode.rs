@@ -84,7 +84,8 @@ pub struct ObjMeta {
     pub generation: i64,
     /// Object size in bytes (appends grow it without changing the generation).
     pub size: u64,
-    /// Last update time of the object. (Its creation time is not kept: Linux's FUSE has
+    /// The modification time its metadata records (see `gcs::ObjectMeta::mtime`), else its
+    /// last update time. (Its creation time is not kept: Linux's FUSE has
     /// no field for it.)
     pub mtime: UnixNanos,
 }
@@ -107,7 +108,7 @@ impl From<&crate::gcs::ObjectMeta> for ObjMeta {
         ObjMeta {
             generation: m.generation,
             size: m.size,
-            mtime: m.update_time.into(),
+            mtime: m.mtime.unwrap_or(m.update_time).into(),
         }
     }
 }

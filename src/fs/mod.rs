@@ -212,23 +212,29 @@ impl Fs {
     fn attr_of(&self, inode: &Inode, meta: Option<ObjMeta>) -> Attr {
         let i = &self.inner;
         match (inode.kind, meta) {
-            (Kind::File, Some(m)) => Attr {
-                ino: inode.ino,
-                kind: Kind::File,
-                size: i.writes.size_of(inode.ino).map_or(m.size, |(w, exact)| {
-                    if exact {
-                        w
-                    } else {
-                        w.max(m.size)
-                    }
-                }),
-                perm: i.file_mode,
-                nlink: 1,
-                uid: i.uid,
-                gid: i.gid,
-                mtime: m.mtime.into(),
-                blksize: BLKSIZE,
-            },
+            (Kind::File, Some(m)) => {
+                let written = i.writes.as_written(inode.ino);
+                Attr {
+                    ino: inode.ino,
+                    kind: Kind::File,
+                    size: written.map_or(
+                        m.size,
+                        |w| {
+                            if w.exact {
+                                w.size
+                            } else {
+                                w.size.max(m.size)
+                            }
+                        },
+                    ),
+                    perm: i.file_mode,
+                    nlink: 1,
+                    uid: i.uid,
+                    gid: i.gid,
+                    mtime: written.and_then(|w| w.mtime).unwrap_or(m.mtime.into()),
+                    blksize: BLKSIZE,
+                }
+            }
             (Kind::Symlink, Some(m)) => Attr {
                 ino: inode.ino,
                 kind: Kind::Symlink,

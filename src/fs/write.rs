@@ -25,7 +25,7 @@
 //! generation; no kernel types.
 
 use super::error::{log_err, Errno, FsResult};
-use super::inode::{Inode, ObjMeta};
+use super::inode::{Inode, ObjMeta, PENDING_GENERATION};
 use super::lock;
 use super::staging::{StagedFile, Staging};
 use super::write_budget::{permits_for, Held, PERMIT_BYTES};
@@ -35,7 +35,7 @@ use bytes::Bytes;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::Semaphore;
 
 /// A write waiting this long for budget makes idle writers' bytes durable.
@@ -92,6 +92,9 @@ pub struct FileWriter {
     /// The size above is exact (a staged file may have shrunk), not just a lower bound.
     exact: std::sync::atomic::AtomicBool,
     state: tokio::sync::Mutex<State>,
+    /// A modification time to record once the stream or the edits under way have ended
+    /// (`Writes::set_mtime`): recorded now, it would be the time of a version still to come.
+    mtime: Mutex<Option<SystemTime>>,
 }
 
 impl FileWriter {
@@ -99,6 +102,19 @@ impl FileWriter {
     pub fn written(&self) -> (Inode, u64) {
         (self.inode.clone(), self.size.load(Ordering::Acquire))
     }
+}
+
+/// A file as written through this mount while a writer is active on it.
+#[derive(Debug, Clone, Copy)]
+pub struct AsWritten {
+    /// Its size as written so far.
+    pub size: u64,
+    /// The size is exact (staged) rather than a lower bound (streaming).
+    pub exact: bool,
+    /// A modification time set while it is written, recorded once the writing ends: the
+    /// time until then, or a `stat` after a later `fchown` (as `cp -p` does) would show the
+    /// object's.
+    pub mtime: Option<SystemTime>,
 }
 
 /// Every writer of the mount (one per inode, shared by its writing handles) and the budget.
@@ -115,6 +131,15 @@ pub struct Writes {
     /// writes in flight and refuses later ones, and flushing the writers then covers every
     /// write the kernel was told succeeded.
     stopped: tokio::sync::RwLock<bool>,
+}
+
+/// After appends to an object that recorded a modification time (`utimes(2)` through a
+/// mount, or a copy by gcloud storage): the time it recorded is older than its bytes now, so
+/// the end of the writing records the present one, unless a `utimes(2)` set one to record.
+fn appended_to(fw: &FileWriter, closed: &ObjectMeta) {
+    if closed.mtime.is_some() {
+        lock(&fw.mtime).get_or_insert_with(SystemTime::now);
+    }
 }
 
 /// EIO when another writer has taken the object over since a close(2) ended this writer's
@@ -255,6 +280,7 @@ impl Writes {
                 size: AtomicU64::new(size),
                 exact: std::sync::atomic::AtomicBool::new(false),
                 state: tokio::sync::Mutex::new(state),
+                mtime: Mutex::new(None),
             });
             (fw, 0)
         });
@@ -302,14 +328,12 @@ impl Writes {
         }
     }
 
-    /// The size of `ino` as written through this mount, while a writer is active on it, and
-    /// whether it is exact (staged) rather than a lower bound (streaming).
-    pub fn size_of(&self, ino: u64) -> Option<(u64, bool)> {
-        lock(&self.by_ino).get(&ino).map(|(fw, _)| {
-            (
-                fw.size.load(Ordering::Acquire),
-                fw.exact.load(Ordering::Acquire),
-            )
+    /// What `stat` shows of `ino` while a writer is active on it (see `AsWritten`).
+    pub fn as_written(&self, ino: u64) -> Option<AsWritten> {
+        lock(&self.by_ino).get(&ino).map(|(fw, _)| AsWritten {
+            size: fw.size.load(Ordering::Acquire),
+            exact: fw.exact.load(Ordering::Acquire),
+            mtime: *lock(&fw.mtime),
         })
     }
 
@@ -956,12 +980,14 @@ impl Writes {
                 match closed {
                     Ok(meta) => {
                         fw.inode.note_written(meta.generation, meta.size);
+                        appended_to(fw, &meta);
                         *st = State::Idle {
                             generation: meta.generation,
                             // A dup writing after a finalize stages the finalized object
                             // (see `take_over`), which nobody took over.
                             ended: (!self.finalize_on_close).then_some(meta.size),
                         };
+                        self.record_pending_mtime(fw, &st).await;
                         Ok(())
                     }
                     Err(e) => {
@@ -981,11 +1007,15 @@ impl Writes {
             replacing @ State::Replacing { .. } => {
                 *st = replacing;
                 self.place(fw, &mut st, only_handle && self.finalize_on_close)
-                    .await
+                    .await?;
+                self.record_pending_mtime(fw, &st).await;
+                Ok(())
             }
             other => {
                 *st = other;
-                self.flush_held(fw, &mut st).await
+                self.flush_held(fw, &mut st).await?;
+                self.record_pending_mtime(fw, &st).await;
+                Ok(())
             }
         }
     }
@@ -1097,7 +1127,13 @@ impl Writes {
         }
         let mut st = fw.state.lock().await;
         if matches!(*st, State::Replacing { .. }) {
-            let _ = self.place(&fw, &mut st, self.finalize_on_close).await;
+            if self
+                .place(&fw, &mut st, self.finalize_on_close)
+                .await
+                .is_ok()
+            {
+                self.record_pending_mtime(&fw, &st).await;
+            }
             *st = State::Done;
             return fw.inode.clone();
         }
@@ -1107,6 +1143,7 @@ impl Writes {
             if s.dirty {
                 let _ = self.upload(&fw, s).await;
             }
+            self.record_pending_mtime(&fw, &st).await;
         }
         let state = std::mem::replace(&mut *st, State::Done);
         drop(st);
@@ -1128,7 +1165,11 @@ impl Writes {
         };
         drop(held);
         match ended {
-            Ok(meta) => fw.inode.note_written(meta.generation, meta.size),
+            Ok(meta) => {
+                fw.inode.note_written(meta.generation, meta.size);
+                appended_to(&fw, &meta);
+                self.record_pending_mtime(&fw, &State::Done).await;
+            }
             Err(e) => {
                 log_err("close", key, &e);
                 fw.inode.forget_pending();
@@ -1139,6 +1180,52 @@ impl Writes {
 }
 
 impl Writes {
+    /// `utimes(2)` of the file `fw` writes: the time is recorded in its object now when no
+    /// stream or edit is under way, else once they end (a close, or the last release).
+    pub async fn set_mtime(&self, fw: &FileWriter, mtime: SystemTime) {
+        let st = fw.state.lock().await;
+        *lock(&fw.mtime) = Some(mtime);
+        self.record_pending_mtime(fw, &st).await;
+    }
+
+    /// Records the modification time left to the end of `fw`'s writing once `st` says it
+    /// has ended, with every byte in the object; a failed writer's is dropped with its bytes.
+    async fn record_pending_mtime(&self, fw: &FileWriter, st: &State) {
+        let ended = match st {
+            State::Idle { .. } | State::Done => true,
+            State::Staged(s) => !s.dirty,
+            State::Open { .. } | State::Replacing { .. } | State::Failed(_) => false,
+        };
+        let Some(mtime) = ended.then(|| lock(&fw.mtime).take()).flatten() else {
+            return;
+        };
+        if let Some(meta) = fw.inode.meta().0 {
+            self.record_mtime(&fw.inode, meta.generation, mtime).await;
+        }
+    }
+
+    /// Records `mtime` as the modification time of generation `generation` of `inode`'s
+    /// object (`gcs::Client::set_mtime`), and takes the object's metadata that results. Best
+    /// effort: a time not kept is logged, never an error of the call that set it, which
+    /// `tar`, `rsync` and `cp -p` would take for a failed copy.
+    pub async fn record_mtime(&self, inode: &Inode, generation: i64, mtime: SystemTime) {
+        if generation == PENDING_GENERATION || !inode.is_named() {
+            return;
+        }
+        let key = inode.key();
+        let asked = Instant::now();
+        match self
+            .client
+            .set_mtime(&self.bucket, &key, generation, mtime)
+            .await
+        {
+            Ok(meta) => {
+                inode.refresh_as_of(ObjMeta::from(&meta), asked);
+            }
+            Err(e) => tracing::warn!(path = &*key, error = %e, "modification time not kept"),
+        }
+    }
+
     /// Uploads a staged copy as the new generation of its object, replacing exactly the
     /// generation it was staged from (ESTALE when someone else replaced it meanwhile); the
     /// copy of an unlinked file stays where it is.

@@ -470,9 +470,8 @@ impl Fs {
     /// changes nothing), any other owner is EPERM. A chmod succeeds and changes nothing, as on
     /// gcsfuse: `tar -x`, `rsync -a` and `cp -p` set the modes of their sources, and failing
     /// them for every executable or private file would break them for no safety gained (the
-    /// mount's modes are what the kernel enforces). Times are accepted and reported in the
-    /// reply; an object's mtime is its update time, so they are not kept past the attribute
-    /// cache.
+    /// mount's modes are what the kernel enforces). A file's modification time is recorded
+    /// in its object (`keep_mtime`); its access time is not kept (the mount is `noatime`).
     pub async fn setattr(&self, ino: u64, set: SetAttr) -> FsResult<Attr> {
         let i = &self.inner;
         if set.uid.is_some_and(|u| u != i.uid) || set.gid.is_some_and(|g| g != i.gid) {
@@ -484,11 +483,37 @@ impl Fs {
         if let Some(size) = set.size {
             self.resize(ino, set.fh, size).await?;
         }
+        // A size change comes with the kernel's "now" as the mtime: the new version has it
+        // already, as its update time.
+        if let Some(t) = set.mtime.filter(|_| set.size.is_none()) {
+            self.keep_mtime(ino, t).await?;
+        }
         let mut attr = self.getattr(ino).await?;
         if let Some(t) = set.mtime {
             attr.mtime = t;
         }
         Ok(attr)
+    }
+
+    /// Records file `ino`'s new modification time in its object (see `Writes::set_mtime`),
+    /// as gcsfuse does, so that `rsync -a`, `make` and a second mount see it. A directory's
+    /// or a link's is accepted and not kept: folders carry no metadata, and a link's is
+    /// its target's to gcsfuse.
+    async fn keep_mtime(&self, ino: u64, mtime: SystemTime) -> FsResult<()> {
+        let inode = self.inode(ino)?;
+        if inode.kind != Kind::File {
+            return Ok(());
+        }
+        let writes = &self.inner.writes;
+        match writes.writer_of(ino) {
+            Some(fw) => writes.set_mtime(&fw, mtime).await,
+            None => {
+                let meta = self.inner.sb.fresh_meta(&inode).await?;
+                writes.record_mtime(&inode, meta.generation, mtime).await;
+            }
+        }
+        self.inner.sb.written(&inode);
+        Ok(())
     }
 
     async fn resize(&self, ino: u64, fh: Option<u64>, size: u64) -> FsResult<()> {
