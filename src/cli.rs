@@ -65,12 +65,6 @@ pub fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if matches!(
-        cli.command,
-        Command::Check(_) | Command::Unfinalized(_) | Command::Finalize(_)
-    ) {
-        end_quietly_when_stdout_closes();
-    }
     let result = match cli.command {
         Command::Emulator(args) => emulator::run(args, cli.log_level, cli.log_format),
         Command::Mount(args) => mount::run(*args, cli.log_level, cli.log_format),
@@ -165,16 +159,36 @@ fn report_clap_error(e: &clap::Error) -> ExitCode {
     }
 }
 
-/// A command that prints to stdout and then ends, piped into `head`, ends as coreutils' do
-/// when the reader goes away: killed by SIGPIPE, silently, instead of panicking in `println!`.
-/// The long-running daemons keep Rust's ignored SIGPIPE, so a closed log pipe never kills a
-/// mount or an emulator.
+/// Help and version piped into `head` end as coreutils' do when the reader goes away:
+/// killed by SIGPIPE, silently, instead of panicking in `print!`. Only they: a command that
+/// talks to the service keeps Rust's ignored SIGPIPE, since its vectored socket writes
+/// (`writev`) would raise it on a reset connection and kill it without its error line.
 fn end_quietly_when_stdout_closes() {
     // SAFETY: only sets a signal's disposition to the default, before any other thread starts.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
+
+/// Prints a line on stdout (`outln!`). When the reader has gone (`rapidfs unfinalized | head`),
+/// the command ends quietly with the status a shell gives a command SIGPIPE killed, as
+/// coreutils' do, instead of panicking.
+pub fn print_line(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let written = out.write_fmt(line).and_then(|()| out.write_all(b"\n"));
+    if written.is_err_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe) {
+        std::process::exit(128 + libc::SIGPIPE);
+    }
+}
+
+/// `println!` for the commands' output: see `print_line`.
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::cli::print_line(format_args!($($arg)*))
+    };
+}
+pub(crate) use outln;
 
 /// An error and its causes, joined on one line.
 pub fn one_line(e: &anyhow::Error) -> String {

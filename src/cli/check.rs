@@ -6,6 +6,7 @@
 //! through `gcs::Client` and the metadata server only through `zonal`.
 
 use super::access::AccessArgs;
+use crate::cli::outln;
 use crate::config::{Config, LogFormat};
 use crate::gcs::{self, Client, ListRequest, ObjectMeta};
 use crate::zonal::{self, ComputeZone, Verdict};
@@ -94,7 +95,7 @@ pub fn run(
     if args.json {
         let mut v = to_json(&args.bucket, &findings);
         v["configuration"] = serde_json::to_value(&effective).unwrap_or_default();
-        println!("{v}");
+        outln!("{v}");
     } else {
         print_text(&args.bucket, &findings);
         print_configuration(&effective);
@@ -291,15 +292,15 @@ fn describe(v: &Value) -> String {
 /// The configuration a mount with the same file, profile and flags runs with, as TOML.
 fn print_configuration(cfg: &Config) {
     let profile = cfg.profile.map_or("none", |p| p.name());
-    println!("\neffective configuration (profile: {profile}):");
+    outln!("\neffective configuration (profile: {profile}):");
     match toml::to_string(cfg) {
-        Ok(text) => text.lines().for_each(|l| println!("  {l}")),
-        Err(e) => println!("  (cannot print: {e})"),
+        Ok(text) => text.lines().for_each(|l| outln!("  {l}")),
+        Err(e) => outln!("  (cannot print: {e})"),
     }
 }
 
 fn print_text(bucket: &str, f: &Findings) {
-    let line = |k: &str, v: String| println!("{k:<14} {v}");
+    let line = |k: &str, v: String| outln!("{k:<14} {v}");
     line("bucket:", format!("{bucket} at {}", f.endpoint));
     match &f.credentials {
         Some(c) => line("credentials:", c.clone()),

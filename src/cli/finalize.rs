@@ -17,6 +17,7 @@
 //! reads the mount's control socket).
 
 use super::access::AccessArgs;
+use crate::cli::outln;
 use crate::config::{Config, LogFormat};
 use crate::control::find_socket;
 use crate::gcs::{Client, ListRequest};
@@ -279,7 +280,7 @@ pub fn run_unfinalized(
                 let base = o.name.rsplit('/').next().unwrap_or_default();
                 if !crate::gcs::is_aside_name(base) {
                     if !o.finalized && !args.leftovers && !args.delete_leftovers {
-                        println!("{}\t{}", place.show(&o.name), o.size);
+                        outln!("{}\t{}", place.show(&o.name), o.size);
                     }
                     files += usize::from(!o.finalized);
                     continue;
@@ -297,7 +298,7 @@ pub fn run_unfinalized(
                     } else {
                         "appendable"
                     };
-                    println!("{}\t{}\t{hours}\t{state}", place.show(&o.name), o.size);
+                    outln!("{}\t{}\t{hours}\t{state}", place.show(&o.name), o.size);
                 } else if args.delete_leftovers
                     // A finalized one may be the only copy of a file whose old version was
                     // deleted before a move that failed (its error named it): kept.
@@ -309,7 +310,7 @@ pub fn run_unfinalized(
                         .await
                     {
                         Ok(()) | Err(crate::gcs::Error::NotFound(_)) => {
-                            println!("deleted {} ({} bytes)", place.show(&o.name), o.size);
+                            outln!("deleted {} ({} bytes)", place.show(&o.name), o.size);
                             deleted += 1;
                         }
                         Err(e) => {
@@ -377,8 +378,8 @@ pub fn run_finalize(
                 }
             };
             match finalize_one(&client, &place.bucket, key).await {
-                Ok(Some(size)) => println!("finalized {shown} ({size} bytes)"),
-                Ok(None) => println!("{shown} was already finalized"),
+                Ok(Some(size)) => outln!("finalized {shown} ({size} bytes)"),
+                Ok(None) => outln!("{shown} was already finalized"),
                 Err(e) => {
                     eprintln!("rapidfs: error: {shown}: {e}");
                     failed += 1;

@@ -3,6 +3,7 @@
 //! control socket, with a progress bar on a terminal and plain progress lines otherwise.
 //! Touches nothing but the socket; the mount does the loading.
 
+use crate::cli::outln;
 use crate::control::{self, socket_dirs, socket_name};
 use anyhow::{anyhow, bail, Context};
 use clap::Args;
@@ -85,7 +86,7 @@ fn prefetch(mnt: &Path, paths: &[String]) -> anyhow::Result<()> {
                 eprintln!("\r{}", progress_bar(done, total, bytes));
             }
             let failed = n("failed");
-            println!(
+            outln!(
                 "prefetched {done} files, {} in {}",
                 human(bytes),
                 mnt.display()
