@@ -1,13 +1,14 @@
 //! Modification times through `fs` alone, against the in-process emulator: a time set by
 //! `utimes(2)` is recorded in the object's metadata where gcsfuse keeps it (at once on a
-//! closed file, at the end of the writing on an open one, as `cp -p` and `tar -x` set it),
-//! appends after it record the present time, a size change records none, and the times
-//! gcsfuse and gcloud storage record are what a lookup shows.
+//! closed file, at the end of the writing on an open one, as `cp -p` and `tar -x` set it,
+//! whoever ends it), writes after it and appends drop it, `touch` makes the update time the
+//! mtime again (and records nothing on a file being written), a size change records none,
+//! and the times gcsfuse and gcloud storage record are what a lookup shows.
 
 mod fs_support;
 
 use fs_support::FsEnv;
-use rapidfs::fs::{SetAttr, ROOT_INO};
+use rapidfs::fs::{Mtime, SetAttr, ROOT_INO};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// 2020-01-02T03:04:05.5Z, as `touch -d` or a tarball would give it.
@@ -17,11 +18,19 @@ fn then() -> SystemTime {
 
 fn set_mtime(mtime: SystemTime, fh: Option<u64>) -> SetAttr {
     SetAttr {
+        mtime: Some(Mtime::At(mtime)),
+        ..touch(fh)
+    }
+}
+
+/// `touch`: the present time.
+fn touch(fh: Option<u64>) -> SetAttr {
+    SetAttr {
         size: None,
         mode: None,
         uid: None,
         gid: None,
-        mtime: Some(mtime),
+        mtime: Some(Mtime::Now),
         fh,
     }
 }
@@ -131,8 +140,10 @@ fn appending_after_a_recorded_time_records_the_present_one() {
             .expect("append");
         fs.flush(again.fh).await.expect("close");
         fs.release_write(again.fh).await;
-        let now = recorded(&env, "log").await.expect("a time");
-        assert!(now >= before, "{now:?} is older than the append");
+        // Dropped: the update time, the append's, is the mtime again.
+        let meta = env.client.get_object("b", "log").await.expect("object");
+        assert_eq!(meta.mtime, None);
+        assert!(meta.update_time >= before);
         assert!(fs.getattr(ino).await.expect("stat").mtime >= before);
     });
 }
@@ -147,7 +158,7 @@ fn a_size_change_records_no_time() {
         // truncate(2): the kernel sends "now" with the size.
         let set = SetAttr {
             size: Some(2),
-            ..set_mtime(SystemTime::now(), None)
+            ..touch(None)
         };
         assert_eq!(fs.setattr(ino, set).await.expect("truncate").size, 2);
         assert_eq!(recorded(&env, "f").await, None);
@@ -177,5 +188,118 @@ fn the_times_gcsfuse_and_gcloud_record_are_what_a_lookup_shows() {
         );
         let plain = env.client.get_object("b", "plain").await.expect("plain");
         assert_eq!(mtime("plain").await, plain.update_time);
+    });
+}
+
+#[test]
+fn touch_makes_the_present_time_the_mtime_and_drops_a_recorded_one() {
+    let env = FsEnv::new("b", |_| {});
+    env.put("f", b"abc");
+    let fs = &env.fs;
+    let ino = env.ino("f");
+    env.rt.block_on(async {
+        fs.setattr(ino, set_mtime(then(), None))
+            .await
+            .expect("touch -d");
+        assert_eq!(recorded(&env, "f").await, Some(then()));
+        let before = SystemTime::now();
+        fs.setattr(ino, touch(None)).await.expect("touch");
+        let meta = env.client.get_object("b", "f").await.expect("object");
+        assert_eq!(meta.mtime, None);
+        assert!(
+            meta.update_time >= before,
+            "the update moved the update time"
+        );
+        assert!(fs.getattr(ino).await.expect("stat").mtime >= before);
+    });
+}
+
+#[test]
+fn touch_of_a_file_being_created_costs_no_update() {
+    let env = FsEnv::new("b", |_| {});
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let (e, opened) = fs
+            .create(ROOT_INO, "new", libc::O_WRONLY)
+            .await
+            .expect("create");
+        fs.setattr(e.attr.ino, touch(Some(opened.fh)))
+            .await
+            .expect("touch");
+        fs.flush(opened.fh).await.expect("close");
+        fs.release_write(opened.fh).await;
+        let meta = env.client.get_object("b", "new").await.expect("object");
+        assert_eq!((meta.mtime, meta.metageneration), (None, 1));
+    });
+}
+
+/// `cp -p` over an existing file where the opener's close cannot be told apart (the GKE
+/// sidecar): the flush comes as an fsync, and the last release ends the writing.
+#[test]
+fn a_time_set_during_an_overwrite_is_recorded_whoever_ends_it() {
+    let env = FsEnv::new("b", |_| {});
+    env.put("f", b"old bytes");
+    let fs = &env.fs;
+    let ino = env.ino("f");
+    env.rt.block_on(async {
+        let opened = fs.open_write_only(ino, true).await.expect("open O_TRUNC");
+        fs.write(opened.fh, 0, b"new".to_vec().into())
+            .await
+            .expect("write");
+        fs.setattr(ino, set_mtime(then(), Some(opened.fh)))
+            .await
+            .expect("futimens");
+        fs.fsync(ino, opened.fh).await.expect("flush as fsync");
+        fs.release_write(opened.fh).await;
+        let meta = env.client.get_object("b", "f").await.expect("object");
+        assert_eq!((meta.size, meta.mtime), (3, Some(then())));
+    });
+}
+
+#[test]
+fn a_write_after_the_time_was_set_drops_it() {
+    let env = FsEnv::new("b", |_| {});
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let (e, opened) = fs
+            .create(ROOT_INO, "f", libc::O_WRONLY)
+            .await
+            .expect("create");
+        fs.write(opened.fh, 0, b"one".to_vec().into())
+            .await
+            .expect("write");
+        fs.setattr(e.attr.ino, set_mtime(then(), Some(opened.fh)))
+            .await
+            .expect("futimens");
+        fs.write(opened.fh, 3, b"two".to_vec().into())
+            .await
+            .expect("write after");
+        fs.flush(opened.fh).await.expect("close");
+        fs.release_write(opened.fh).await;
+        assert_eq!(recorded(&env, "f").await, None);
+        assert!(fs.getattr(e.attr.ino).await.expect("stat").mtime > then());
+    });
+}
+
+/// A rewrite uploads a new version, which carries no recorded time: the mtime is its own.
+#[test]
+fn a_rewrite_of_a_file_with_a_recorded_time_shows_the_new_version_s_time() {
+    let env = FsEnv::new("b", |_| {});
+    env.put("f", b"abcdef");
+    let fs = &env.fs;
+    let ino = env.ino("f");
+    env.rt.block_on(async {
+        fs.setattr(ino, set_mtime(then(), None))
+            .await
+            .expect("touch -d");
+        let before = SystemTime::now();
+        let opened = fs.open_write(ino, false).await.expect("open");
+        fs.write(opened.fh, 1, b"X".to_vec().into())
+            .await
+            .expect("write in the middle");
+        fs.flush(opened.fh).await.expect("close uploads");
+        fs.release_write(opened.fh).await;
+        assert_eq!(recorded(&env, "f").await, None);
+        assert!(fs.getattr(ino).await.expect("stat").mtime >= before);
     });
 }

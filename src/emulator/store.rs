@@ -496,14 +496,15 @@ impl Store {
         })
     }
 
-    /// Sets the live object's custom metadata (UpdateObject): `metadata` replaces it whole,
-    /// or, with `keys`, only those keys (a key missing from `metadata` is removed). A metadata
-    /// change bumps the metageneration and the update time, and keeps the bytes and the
-    /// generation, as on the service.
+    /// Sets the custom metadata of the live object (or of `generation`, when it is the live
+    /// one) for UpdateObject: `metadata` replaces it whole, or, with `keys`, sets only those
+    /// keys. A metadata change bumps the metageneration and the update time, and keeps the
+    /// bytes and the generation, as on the service.
     pub fn update_metadata(
         &self,
         bucket: &str,
         name: &str,
+        generation: i64,
         metadata: CustomMetadata,
         keys: Option<&[String]>,
         pre: Preconditions,
@@ -513,14 +514,17 @@ impl Store {
                 .objects
                 .get_mut(name)
                 .ok_or_else(|| not_found(bucket, name))?;
+            if generation != 0 && e.content.generation != generation {
+                return Err(Status::not_found(format!(
+                    "object {name:?} has no generation {generation} (live: {})",
+                    e.content.generation
+                )));
+            }
             pre.check(Some((e.content.generation, e.metageneration)))?;
             let mut updated = match keys {
                 None => CustomMetadata::new(),
                 Some(_) => e.metadata.clone(),
             };
-            for k in keys.unwrap_or_default() {
-                updated.remove(k);
-            }
             updated.extend(
                 metadata
                     .into_iter()

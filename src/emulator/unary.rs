@@ -180,8 +180,9 @@ impl Service {
     }
 
     /// UpdateObject of the custom metadata, the one field rapidfs updates: `metadata` sets
-    /// the whole map, `metadata.KEY` one key (removed when the request's map lacks it). Any
-    /// other field is refused, so a client relying on more fails loudly here.
+    /// the whole map, `metadata.KEY` one key, of the live object or of the generation the
+    /// request's object names. Any other field is refused, so a client relying on more fails
+    /// loudly here.
     pub(crate) async fn update_object_impl(
         &self,
         req: Request<UpdateObjectRequest>,
@@ -216,9 +217,17 @@ impl Service {
                 }
             }
         }
+        // Google's clients drop a key by sending the whole map without it; whether the
+        // service drops one named alone is not documented, so the emulator refuses it.
+        if let Some(k) = keys.iter().find(|k| !object.metadata.contains_key(*k)) {
+            return Err(Status::invalid_argument(format!(
+                "update_mask names metadata.{k}, which the object's map does not hold"
+            )));
+        }
         let e = self.store.update_metadata(
             &bucket,
             &object.name,
+            object.generation,
             object.metadata.into_iter().collect(),
             (!whole).then_some(keys.as_slice()),
             Preconditions {

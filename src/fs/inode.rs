@@ -261,6 +261,15 @@ impl Inode {
         }
     }
 
+    /// Takes the modification time of `meta`, the answer to a change of it, when the inode
+    /// holds that generation: whatever else was fetched meanwhile, this answer is newer.
+    pub fn note_mtime(&self, meta: &ObjMeta) {
+        let mut s = self.state();
+        if s.meta().is_some_and(|m| m.generation == meta.generation) {
+            s.meta.mtime = meta.mtime;
+        }
+    }
+
     /// Records what a write through this mount made durable: the size, now as the mtime, and
     /// the generation when the inode had only `PENDING_GENERATION` (`generation` 0: not yet
     /// known to the writer).

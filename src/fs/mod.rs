@@ -44,7 +44,7 @@ pub use prefetch::{PrefetchStats, Progress};
 pub use readdir::DirItem;
 pub use superblock::MetadataUsage;
 pub use warmup::WarmUp;
-pub use write_ops::{Closer, SetAttr};
+pub use write_ops::{Closer, Mtime, SetAttr};
 
 use crate::config::Config;
 use crate::gcs::{self, Client};

@@ -29,13 +29,14 @@ use super::inode::{Inode, ObjMeta, PENDING_GENERATION};
 use super::lock;
 use super::staging::{StagedFile, Staging};
 use super::write_budget::{permits_for, Held, PERMIT_BYTES};
+use super::write_ops::Mtime;
 use crate::config::WriteConfig;
 use crate::gcs::{self, AppendWriter, Client, ObjectMeta};
 use bytes::Bytes;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 use tokio::sync::Semaphore;
 
 /// A write waiting this long for budget makes idle writers' bytes durable.
@@ -92,9 +93,10 @@ pub struct FileWriter {
     /// The size above is exact (a staged file may have shrunk), not just a lower bound.
     exact: std::sync::atomic::AtomicBool,
     state: tokio::sync::Mutex<State>,
-    /// A modification time to record once the stream or the edits under way have ended
-    /// (`Writes::set_mtime`): recorded now, it would be the time of a version still to come.
-    mtime: Mutex<Option<SystemTime>>,
+    /// What to record of the file's modification time once the stream or the edits under
+    /// way have ended (`Writes::set_mtime`, `appended_to`): recorded before, it would be
+    /// the time of a version still to come.
+    mtime: Mutex<Option<MtimeToRecord>>,
 }
 
 impl FileWriter {
@@ -133,12 +135,36 @@ pub struct Writes {
     stopped: tokio::sync::RwLock<bool>,
 }
 
+/// What the end of a file's writing records of its modification time.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum MtimeToRecord {
+    /// A time `utimes(2)` set while the file was written (`cp -p`, `tar -x`).
+    At(SystemTime),
+    /// The present time, as the object's update time: the time it recorded is dropped
+    /// (`gcs::Client::reset_mtime`), unless its metadata changed since it was `seen` at that
+    /// metageneration (someone set a time meanwhile).
+    Reset { seen: Option<i64> },
+}
+
 /// After appends to an object that recorded a modification time (`utimes(2)` through a
-/// mount, or a copy by gcloud storage): the time it recorded is older than its bytes now, so
-/// the end of the writing records the present one, unless a `utimes(2)` set one to record.
+/// mount, or a copy by gcloud storage): the time it recorded, `closed`'s, is older than its
+/// bytes now, so the end of the writing drops it, unless a `utimes(2)` set one to record.
+/// Dropped, not replaced by the present time: later appends then cost no update.
 fn appended_to(fw: &FileWriter, closed: &ObjectMeta) {
     if closed.mtime.is_some() {
-        lock(&fw.mtime).get_or_insert_with(SystemTime::now);
+        lock(&fw.mtime).get_or_insert(MtimeToRecord::Reset {
+            seen: Some(closed.metageneration),
+        });
+    }
+}
+
+/// Whether a writer in state `st` has no stream and no edits under way: the object holds
+/// everything written, as its last version.
+fn writing_ended(st: &State) -> bool {
+    match st {
+        State::Idle { .. } | State::Done => true,
+        State::Staged(s) => !s.dirty,
+        State::Open { .. } | State::Replacing { .. } | State::Failed(_) => false,
     }
 }
 
@@ -333,7 +359,10 @@ impl Writes {
         lock(&self.by_ino).get(&ino).map(|(fw, _)| AsWritten {
             size: fw.size.load(Ordering::Acquire),
             exact: fw.exact.load(Ordering::Acquire),
-            mtime: *lock(&fw.mtime),
+            mtime: match *lock(&fw.mtime) {
+                Some(MtimeToRecord::At(t)) => Some(t),
+                _ => None,
+            },
         })
     }
 
@@ -639,8 +668,12 @@ impl Writes {
     pub async fn stop(&self) {
         *self.stopped.write().await = true;
         for fw in self.writers() {
-            if let Err(e) = self.flush(&fw).await {
-                tracing::error!(key = %fw.inode.key(), errno = e.0, "making written bytes durable failed");
+            let mut st = fw.state.lock().await;
+            match self.flush_held(&fw, &mut st).await {
+                Ok(()) => self.record_pending_mtime(&fw, &st, None).await,
+                Err(e) => {
+                    tracing::error!(key = %fw.inode.key(), errno = e.0, "making written bytes durable failed");
+                }
             }
         }
     }
@@ -671,6 +704,7 @@ impl Writes {
         let len = u32::try_from(data.len()).map_err(|_| Errno::EINVAL)?;
         let key = fw.inode.key();
         let mut st = fw.state.lock().await;
+        Self::wrote(fw);
         if let State::Replacing { w, .. } = &*st {
             if offset.is_some_and(|o| o != w.written()) {
                 self.stage_aside(fw, &mut st, None).await?;
@@ -733,6 +767,7 @@ impl Writes {
     pub async fn set_size(&self, fw: &Arc<FileWriter>, size: u64) -> FsResult<()> {
         let key = fw.inode.key();
         let mut st = fw.state.lock().await;
+        Self::wrote(fw);
         if let State::Replacing { w, .. } = &*st {
             if w.written() == size {
                 return Ok(());
@@ -987,7 +1022,7 @@ impl Writes {
                             // (see `take_over`), which nobody took over.
                             ended: (!self.finalize_on_close).then_some(meta.size),
                         };
-                        self.record_pending_mtime(fw, &st).await;
+                        self.record_pending_mtime(fw, &st, None).await;
                         Ok(())
                     }
                     Err(e) => {
@@ -1008,13 +1043,13 @@ impl Writes {
                 *st = replacing;
                 self.place(fw, &mut st, only_handle && self.finalize_on_close)
                     .await?;
-                self.record_pending_mtime(fw, &st).await;
+                self.record_pending_mtime(fw, &st, None).await;
                 Ok(())
             }
             other => {
                 *st = other;
                 self.flush_held(fw, &mut st).await?;
-                self.record_pending_mtime(fw, &st).await;
+                self.record_pending_mtime(fw, &st, None).await;
                 Ok(())
             }
         }
@@ -1132,7 +1167,7 @@ impl Writes {
                 .await
                 .is_ok()
             {
-                self.record_pending_mtime(&fw, &st).await;
+                self.record_pending_mtime(&fw, &st, None).await;
             }
             *st = State::Done;
             return fw.inode.clone();
@@ -1143,13 +1178,18 @@ impl Writes {
             if s.dirty {
                 let _ = self.upload(&fw, s).await;
             }
-            self.record_pending_mtime(&fw, &st).await;
+            self.record_pending_mtime(&fw, &st, None).await;
+        }
+        // Ended by a flush that was not the opener's close (`Closer::Unknown`), a rename, or
+        // a reader: what it left to record is recorded now.
+        if matches!(*st, State::Idle { .. }) {
+            self.record_pending_mtime(&fw, &st, None).await;
         }
         let state = std::mem::replace(&mut *st, State::Done);
         drop(st);
         let (w, held) = match state {
             State::Open { w, held } => (w, held),
-            State::Staged(_) => return fw.inode.clone(),
+            State::Staged(_) | State::Idle { .. } => return fw.inode.clone(),
             _ => {
                 // A failed writer may never have had its create answered.
                 fw.inode.forget_pending();
@@ -1168,7 +1208,10 @@ impl Writes {
             Ok(meta) => {
                 fw.inode.note_written(meta.generation, meta.size);
                 appended_to(&fw, &meta);
-                self.record_pending_mtime(&fw, &State::Done).await;
+                // The writer is no longer found by a `utimes(2)` coming in meanwhile, which
+                // records its time at once: only the metadata this stream saw is changed.
+                self.record_pending_mtime(&fw, &State::Done, Some(meta.metageneration))
+                    .await;
             }
             Err(e) => {
                 log_err("close", key, &e);
@@ -1180,48 +1223,100 @@ impl Writes {
 }
 
 impl Writes {
-    /// `utimes(2)` of the file `fw` writes: the time is recorded in its object now when no
-    /// stream or edit is under way, else once they end (a close, or the last release).
-    pub async fn set_mtime(&self, fw: &FileWriter, mtime: SystemTime) {
+    /// `utimes(2)` of the file `fw` writes. A given time is recorded in its object now when
+    /// no stream or edit is under way, else once they end (a close, or the last release);
+    /// the present time is that of the object's last update when the writing ends, so it
+    /// needs recording only when nothing is under way.
+    pub async fn set_mtime(&self, fw: &FileWriter, mtime: Mtime) {
         let st = fw.state.lock().await;
-        *lock(&fw.mtime) = Some(mtime);
-        self.record_pending_mtime(fw, &st).await;
+        match mtime {
+            Mtime::At(t) => *lock(&fw.mtime) = Some(MtimeToRecord::At(t)),
+            Mtime::Now if writing_ended(&st) => {
+                *lock(&fw.mtime) = Some(MtimeToRecord::Reset { seen: None });
+            }
+            Mtime::Now => {
+                Self::wrote(fw);
+                return;
+            }
+        }
+        self.record_pending_mtime(fw, &st, None).await;
     }
 
-    /// Records the modification time left to the end of `fw`'s writing once `st` says it
-    /// has ended, with every byte in the object; a failed writer's is dropped with its bytes.
-    async fn record_pending_mtime(&self, fw: &FileWriter, st: &State) {
-        let ended = match st {
-            State::Idle { .. } | State::Done => true,
-            State::Staged(s) => !s.dirty,
-            State::Open { .. } | State::Replacing { .. } | State::Failed(_) => false,
-        };
-        let Some(mtime) = ended.then(|| lock(&fw.mtime).take()).flatten() else {
+    /// A write or size change through `fw` (or a `touch` during them): a time set before it
+    /// no longer says when the bytes changed.
+    fn wrote(fw: &FileWriter) {
+        let mut pending = lock(&fw.mtime);
+        if matches!(*pending, Some(MtimeToRecord::At(_))) {
+            *pending = None;
+        }
+    }
+
+    /// Records what `fw`'s writing left to record of the modification time, once `st` says
+    /// it has ended with every byte in the object; a failed writer's is dropped with its
+    /// bytes. With `if_metageneration`, a given time only while the metadata is that version.
+    async fn record_pending_mtime(
+        &self,
+        fw: &FileWriter,
+        st: &State,
+        if_metageneration: Option<i64>,
+    ) {
+        if !writing_ended(st) {
+            return;
+        }
+        let Some(what) = *lock(&fw.mtime) else {
             return;
         };
         if let Some(meta) = fw.inode.meta().0 {
-            self.record_mtime(&fw.inode, meta.generation, mtime).await;
+            self.record(&fw.inode, meta.generation, what, if_metageneration)
+                .await;
+        }
+        // Taken only now: until the answer, `stat` shows the time set (`as_written`).
+        let mut pending = lock(&fw.mtime);
+        if *pending == Some(what) {
+            *pending = None;
         }
     }
 
     /// Records `mtime` as the modification time of generation `generation` of `inode`'s
-    /// object (`gcs::Client::set_mtime`), and takes the object's metadata that results. Best
-    /// effort: a time not kept is logged, never an error of the call that set it, which
-    /// `tar`, `rsync` and `cp -p` would take for a failed copy.
-    pub async fn record_mtime(&self, inode: &Inode, generation: i64, mtime: SystemTime) {
+    /// object, whose file has no writer on this mount.
+    pub async fn record_mtime(&self, inode: &Inode, generation: i64, mtime: Mtime) {
+        let what = match mtime {
+            Mtime::At(t) => MtimeToRecord::At(t),
+            Mtime::Now => MtimeToRecord::Reset { seen: None },
+        };
+        self.record(inode, generation, what, None).await;
+    }
+
+    /// Records `what` in generation `generation` of `inode`'s object (`gcs::Client::set_mtime`,
+    /// `reset_mtime`), and gives the inode the time that results. Best effort: a time not
+    /// kept is logged, never an error of the call that set it, which `tar`, `rsync` and
+    /// `cp -p` would take for a failed copy.
+    async fn record(
+        &self,
+        inode: &Inode,
+        generation: i64,
+        what: MtimeToRecord,
+        if_metageneration: Option<i64>,
+    ) {
         if generation == PENDING_GENERATION || !inode.is_named() {
             return;
         }
         let key = inode.key();
-        let asked = Instant::now();
-        match self
-            .client
-            .set_mtime(&self.bucket, &key, generation, mtime)
-            .await
-        {
-            Ok(meta) => {
-                inode.refresh_as_of(ObjMeta::from(&meta), asked);
+        let (bucket, client) = (&self.bucket, &self.client);
+        let recorded = match what {
+            MtimeToRecord::At(t) => {
+                client
+                    .set_mtime(bucket, &key, generation, if_metageneration, t)
+                    .await
             }
+            MtimeToRecord::Reset { seen } => {
+                client.reset_mtime(bucket, &key, generation, seen).await
+            }
+        };
+        match recorded {
+            Ok(meta) => inode.note_mtime(&ObjMeta::from(&meta)),
+            // Someone changed the object's metadata or version since: theirs stands.
+            Err(gcs::Error::PreconditionFailed(_)) => {}
             Err(e) => tracing::warn!(path = &*key, error = %e, "modification time not kept"),
         }
     }

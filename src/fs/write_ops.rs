@@ -22,9 +22,18 @@ pub struct SetAttr {
     /// New group.
     pub gid: Option<u32>,
     /// New modification time.
-    pub mtime: Option<SystemTime>,
+    pub mtime: Option<Mtime>,
     /// The handle the change comes through, if any.
     pub fh: Option<u64>,
+}
+
+/// A modification time `setattr` sets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mtime {
+    /// A given time: `touch -d`, and what `rsync -a`, `tar -x` and `cp -p` copy.
+    At(SystemTime),
+    /// The present time: `touch`, `utime(2)` without times.
+    Now,
 }
 
 /// Who a close or a write through a file handle comes from (`Fs::closer`).
@@ -485,13 +494,15 @@ impl Fs {
         }
         // A size change comes with the kernel's "now" as the mtime: the new version has it
         // already, as its update time.
-        if let Some(t) = set.mtime.filter(|_| set.size.is_none()) {
-            self.keep_mtime(ino, t).await?;
+        if let Some(mtime) = set.mtime.filter(|_| set.size.is_none()) {
+            self.keep_mtime(ino, mtime).await?;
         }
         let mut attr = self.getattr(ino).await?;
-        if let Some(t) = set.mtime {
-            attr.mtime = t;
-        }
+        attr.mtime = match set.mtime {
+            Some(Mtime::At(t)) => t,
+            Some(Mtime::Now) => SystemTime::now(),
+            None => attr.mtime,
+        };
         Ok(attr)
     }
 
@@ -499,7 +510,11 @@ impl Fs {
     /// as gcsfuse does, so that `rsync -a`, `make` and a second mount see it. A directory's
     /// or a link's is accepted and not kept: folders carry no metadata, and a link's is
     /// its target's to gcsfuse.
-    async fn keep_mtime(&self, ino: u64, mtime: SystemTime) -> FsResult<()> {
+    ///
+    /// A directory rename under way moves the object without waiting for this (only a
+    /// writer is held still by one): the time then goes to the old name, is refused, and
+    /// is logged as not kept.
+    async fn keep_mtime(&self, ino: u64, mtime: Mtime) -> FsResult<()> {
         let inode = self.inode(ino)?;
         if inode.kind != Kind::File {
             return Ok(());

@@ -13,7 +13,7 @@
 //! descriptors.
 
 use crate::fs::{
-    Attr, Closer, DirItem, Entry, Errno as FsErrno, Fs, FsResult, Kind, Opened, SetAttr,
+    Attr, Closer, DirItem, Entry, Errno as FsErrno, Fs, FsResult, Kind, Mtime, Opened, SetAttr,
 };
 use fuser::{
     AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
@@ -422,8 +422,8 @@ impl Filesystem for FuseAdapter {
             uid,
             gid,
             mtime: mtime.map(|t| match t {
-                TimeOrNow::SpecificTime(t) => t,
-                TimeOrNow::Now => SystemTime::now(),
+                TimeOrNow::SpecificTime(t) => Mtime::At(t),
+                TimeOrNow::Now => Mtime::Now,
             }),
             fh: fh.map(|f| f.0),
         };

@@ -20,6 +20,11 @@ pub(crate) const MTIME_KEY: &str = "gcsfuse_mtime";
 /// seconds since the epoch; `gcloud storage rsync` compares it.
 const UPLOADED_MTIME_KEY: &str = "goog-reserved-file-mtime";
 
+/// Whether custom metadata key `key` records a modification time.
+pub(crate) fn is_mtime_key(key: &str) -> bool {
+    key == MTIME_KEY || key == UPLOADED_MTIME_KEY
+}
+
 /// The modification time `metadata` gives an object, gcsfuse's key first.
 fn mtime_of(metadata: &HashMap<String, String>) -> Option<SystemTime> {
     if let Some(t) = metadata.get(MTIME_KEY) {

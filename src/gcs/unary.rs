@@ -2,7 +2,7 @@
 //! DeleteObject, MoveObject, UpdateObject of a modification time, GetBucket), each with the routing header, a per-call deadline
 //! and the shared retry policy.
 
-use super::meta::{mtime_value, ListPage, ListRequest, ObjectMeta, MTIME_KEY};
+use super::meta::{is_mtime_key, mtime_value, ListPage, ListRequest, ObjectMeta, MTIME_KEY};
 use super::{bucket_path, object_url, retry, routing, Client, Error, Result};
 use crate::proto::control as pb_control;
 use crate::proto::storage as pb;
@@ -41,6 +41,9 @@ pub struct MoveSource {
 /// compared with the time its move was sent. Small on purpose: too small only turns a move
 /// whose answer was lost into the error the retry saw, as before the check existed.
 const CLOCK_SKEW_ALLOWANCE: Duration = Duration::from_millis(200);
+
+/// How long a change of a modification time is retried (see `Client::mtime_config`).
+const MTIME_RETRY: Duration = Duration::from_secs(2);
 
 impl MoveSource {
     /// Whether `moved`, found at the destination, can be what this source became by a move
@@ -216,32 +219,105 @@ impl Client {
         }
     }
 
+    /// The settings for a best-effort change of a modification time: retried for at most
+    /// `MTIME_RETRY`, since the service allows about one update a second of one object and
+    /// the change is made inside a `close(2)` or `utimes(2)`.
+    fn mtime_config(&self) -> crate::config::GcsConfig {
+        let mut cfg = self.config().clone();
+        cfg.retry_deadline_ms = cfg.retry_deadline_ms.min(MTIME_RETRY.as_millis() as u64);
+        cfg
+    }
+
     /// Records `mtime` as generation `generation` of `object`'s modification time, in the
     /// custom metadata key gcsfuse keeps it in (`MTIME_KEY`), leaving the object's other keys
-    /// as they are. Setting one key to one value is idempotent, so retries are safe; a newer
-    /// generation than `generation` fails the call (PreconditionFailed).
+    /// as they are (the `metadata.KEY` mask Google's clients patch one key with). With
+    /// `if_metageneration`, only while the metadata is still that version. Setting one key to
+    /// one value is idempotent, so retries are safe; another generation, or metadata changed
+    /// since, fails the call (PreconditionFailed).
     pub async fn set_mtime(
         &self,
         bucket: &str,
         object: &str,
         generation: i64,
+        if_metageneration: Option<i64>,
         mtime: SystemTime,
     ) -> Result<ObjectMeta> {
-        let what = format!("set the mtime of {}", object_url(bucket, object));
-        let msg = pb::UpdateObjectRequest {
-            object: Some(pb::Object {
-                bucket: bucket_path(bucket),
-                name: object.to_string(),
-                metadata: [(MTIME_KEY.to_string(), mtime_value(mtime))].into(),
-                ..Default::default()
-            }),
-            if_generation_match: Some(generation),
-            update_mask: Some(prost_types::FieldMask {
-                paths: vec![format!("metadata.{MTIME_KEY}")],
-            }),
+        let update = pb::Object {
+            bucket: bucket_path(bucket),
+            name: object.to_string(),
+            metadata: [(MTIME_KEY.to_string(), mtime_value(mtime))].into(),
             ..Default::default()
         };
-        let o = retry::unary(self.config(), &what, |_| {
+        let mask = format!("metadata.{MTIME_KEY}");
+        self.update_metadata(bucket, update, mask, generation, if_metageneration)
+            .await
+    }
+
+    /// Makes generation `generation` of `object`'s modification time its update time again,
+    /// and that time the present: the times recorded in its metadata (`MTIME_KEY`, and the
+    /// one gcloud storage records) are removed by an update of the metadata, which advances
+    /// the update time even when there was nothing to remove (`touch`). With `seen`, nothing
+    /// changes once the metadata is no longer that version: someone set a time since.
+    pub async fn reset_mtime(
+        &self,
+        bucket: &str,
+        object: &str,
+        generation: i64,
+        seen: Option<i64>,
+    ) -> Result<ObjectMeta> {
+        let what = object_url(bucket, object);
+        let msg = pb::GetObjectRequest {
+            bucket: bucket_path(bucket),
+            object: object.to_string(),
+            if_generation_match: Some(generation),
+            ..Default::default()
+        };
+        let cfg = self.mtime_config();
+        let now = retry::unary(&cfg, &what, |_| {
+            let req = routing::request(msg.clone(), bucket, None, Some(self.call_timeout()));
+            let mut stub = self.stub();
+            async move { stub.get_object(req.map_err(to_status)?).await }
+        })
+        .await?
+        .into_inner();
+        if seen.is_some_and(|m| m != now.metageneration) {
+            return Ok(ObjectMeta::from(now));
+        }
+        let mut metadata = now.metadata;
+        metadata.retain(|k, _| !is_mtime_key(k));
+        let update = pb::Object {
+            bucket: bucket_path(bucket),
+            name: object.to_string(),
+            metadata,
+            ..Default::default()
+        };
+        let mask = "metadata".to_string();
+        self.update_metadata(bucket, update, mask, generation, Some(now.metageneration))
+            .await
+    }
+
+    /// UpdateObject of `update`'s custom metadata under `mask`, for generation `generation`.
+    async fn update_metadata(
+        &self,
+        bucket: &str,
+        update: pb::Object,
+        mask: String,
+        generation: i64,
+        if_metageneration: Option<i64>,
+    ) -> Result<ObjectMeta> {
+        let what = format!(
+            "update the metadata of {}",
+            object_url(bucket, &update.name)
+        );
+        let msg = pb::UpdateObjectRequest {
+            object: Some(update),
+            if_generation_match: Some(generation),
+            if_metageneration_match: if_metageneration,
+            update_mask: Some(prost_types::FieldMask { paths: vec![mask] }),
+            ..Default::default()
+        };
+        let cfg = self.mtime_config();
+        let o = retry::unary(&cfg, &what, |_| {
             let req = routing::request(msg.clone(), bucket, None, Some(self.call_timeout()));
             let mut stub = self.stub();
             async move { stub.update_object(req.map_err(to_status)?).await }
