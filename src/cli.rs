@@ -172,13 +172,20 @@ fn end_quietly_when_stdout_closes() {
 
 /// Prints a line on stdout (`outln!`). When the reader has gone (`rapidfs unfinalized | head`),
 /// the command ends quietly with the status a shell gives a command SIGPIPE killed, as
-/// coreutils' do, instead of panicking.
+/// coreutils' do, instead of panicking; any other failure (a full disk) ends it with one
+/// line and a failure status, never silently.
 pub fn print_line(line: std::fmt::Arguments<'_>) {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
-    let written = out.write_fmt(line).and_then(|()| out.write_all(b"\n"));
-    if written.is_err_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe) {
-        std::process::exit(128 + libc::SIGPIPE);
+    match out.write_fmt(line).and_then(|()| out.write_all(b"\n")) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+            std::process::exit(128 + libc::SIGPIPE)
+        }
+        Err(e) => {
+            eprintln!("rapidfs: error: cannot write to standard output: {e}");
+            std::process::exit(1)
+        }
     }
 }
 

@@ -114,7 +114,7 @@ fn a_time_set_while_writing_is_recorded_once_the_writing_ends() {
 }
 
 #[test]
-fn appending_after_a_recorded_time_records_the_present_one() {
+fn appending_after_a_recorded_time_drops_it() {
     let env = FsEnv::new("b", |_| {});
     let fs = &env.fs;
     env.rt.block_on(async {
@@ -301,5 +301,92 @@ fn a_rewrite_of_a_file_with_a_recorded_time_shows_the_new_version_s_time() {
         fs.release_write(opened.fh).await;
         assert_eq!(recorded(&env, "f").await, None);
         assert!(fs.getattr(ino).await.expect("stat").mtime >= before);
+    });
+}
+
+/// `cp -p` of an empty file: nothing written, so the stream stays open past the close and
+/// the last release ends it, recording the time.
+#[test]
+fn a_time_set_on_an_empty_new_file_is_recorded_at_its_release() {
+    let env = FsEnv::new("b", |_| {});
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let (e, opened) = fs
+            .create(ROOT_INO, "empty", libc::O_WRONLY)
+            .await
+            .expect("create");
+        fs.setattr(e.attr.ino, set_mtime(then(), Some(opened.fh)))
+            .await
+            .expect("futimens");
+        fs.flush(opened.fh).await.expect("close");
+        fs.release_write(opened.fh).await;
+        assert_eq!(recorded(&env, "empty").await, Some(then()));
+        assert_eq!(fs.getattr(e.attr.ino).await.expect("stat").mtime, then());
+    });
+}
+
+#[test]
+fn touch_during_a_write_drops_the_time_set_before_it() {
+    let env = FsEnv::new("b", |_| {});
+    let fs = &env.fs;
+    env.rt.block_on(async {
+        let (e, opened) = fs
+            .create(ROOT_INO, "f", libc::O_WRONLY)
+            .await
+            .expect("create");
+        fs.write(opened.fh, 0, b"one".to_vec().into())
+            .await
+            .expect("write");
+        fs.setattr(e.attr.ino, set_mtime(then(), Some(opened.fh)))
+            .await
+            .expect("futimens");
+        fs.setattr(e.attr.ino, touch(Some(opened.fh)))
+            .await
+            .expect("touch");
+        fs.flush(opened.fh).await.expect("close");
+        fs.release_write(opened.fh).await;
+        assert_eq!(recorded(&env, "f").await, None);
+    });
+}
+
+/// Appends drop the time their stream saw recorded, and only that one: a time another mount
+/// recorded meanwhile stands.
+#[test]
+fn appends_leave_a_time_recorded_meanwhile_by_another_mount() {
+    let env = FsEnv::new("b", |_| {});
+    let fs = &env.fs;
+    let later = then() + Duration::from_secs(3600);
+    env.rt.block_on(async {
+        // Written through the mount: an appendable object, which appends stream into.
+        let (e, created) = fs
+            .create(ROOT_INO, "log", libc::O_WRONLY)
+            .await
+            .expect("create");
+        fs.write(created.fh, 0, b"one\n".to_vec().into())
+            .await
+            .expect("write");
+        fs.flush(created.fh).await.expect("close");
+        fs.release_write(created.fh).await;
+        let ino = e.attr.ino;
+        fs.setattr(ino, set_mtime(then(), None))
+            .await
+            .expect("touch -d");
+        let opened = fs.open_write(ino, false).await.expect("open");
+        fs.write(opened.fh, 4, b"two\n".to_vec().into())
+            .await
+            .expect("append");
+        let generation = env
+            .client
+            .get_object("b", "log")
+            .await
+            .expect("object")
+            .generation;
+        env.client
+            .set_mtime("b", "log", generation, later)
+            .await
+            .expect("another mount's touch -d");
+        fs.flush(opened.fh).await.expect("close");
+        fs.release_write(opened.fh).await;
+        assert_eq!(recorded(&env, "log").await, Some(later));
     });
 }

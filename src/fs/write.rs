@@ -39,6 +39,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 use tokio::sync::Semaphore;
 
+/// The longest a change of a modification time may hold the call that made it (a `close`,
+/// a `utimes`): it is best effort, and the service allows about one update a second of one
+/// object.
+const MTIME_WAIT: Duration = Duration::from_secs(3);
+
 /// A write waiting this long for budget makes idle writers' bytes durable.
 const IDLE_FLUSH_AFTER: Duration = Duration::from_millis(200);
 
@@ -94,7 +99,7 @@ pub struct FileWriter {
     exact: std::sync::atomic::AtomicBool,
     state: tokio::sync::Mutex<State>,
     /// What to record of the file's modification time once the stream or the edits under
-    /// way have ended (`Writes::set_mtime`, `appended_to`): recorded before, it would be
+    /// way have ended (`Writes::set_mtime`, `appending_to`): recorded before, it would be
     /// the time of a version still to come.
     mtime: Mutex<Option<MtimeToRecord>>,
 }
@@ -129,6 +134,10 @@ pub struct Writes {
     staging: Staging,
     /// Writer of each inode and the number of handles writing it.
     by_ino: Mutex<HashMap<u64, (Arc<FileWriter>, usize)>>,
+    /// Writers whose last handle is being released (no longer in `by_ino`): a `utimes(2)`
+    /// meanwhile still goes through them (`writer_for_mtime`), so it waits for their end
+    /// instead of racing the time they record.
+    ending: Mutex<HashMap<u64, Arc<FileWriter>>>,
     /// Set when the daemon stops: every write passes this gate, so closing it waits for the
     /// writes in flight and refuses later ones, and flushing the writers then covers every
     /// write the kernel was told succeeded.
@@ -141,19 +150,20 @@ enum MtimeToRecord {
     /// A time `utimes(2)` set while the file was written (`cp -p`, `tar -x`).
     At(SystemTime),
     /// The present time, as the object's update time: the time it recorded is dropped
-    /// (`gcs::Client::reset_mtime`), unless its metadata changed since it was `seen` at that
-    /// metageneration (someone set a time meanwhile).
-    Reset { seen: Option<i64> },
+    /// (`gcs::Client::reset_mtime`); with `only_if`, only while that is still the time it
+    /// records (another mount may have set one since).
+    Reset { only_if: Option<SystemTime> },
 }
 
-/// After appends to an object that recorded a modification time (`utimes(2)` through a
-/// mount, or a copy by gcloud storage): the time it recorded, `closed`'s, is older than its
-/// bytes now, so the end of the writing drops it, unless a `utimes(2)` set one to record.
-/// Dropped, not replaced by the present time: later appends then cost no update.
-fn appended_to(fw: &FileWriter, closed: &ObjectMeta) {
-    if closed.mtime.is_some() {
+/// A takeover of `taken` to append to it: a modification time it records (`utimes(2)`
+/// through a mount, or a copy by gcloud storage) will be older than its bytes, so the end of
+/// the writing drops it, unless a `utimes(2)` sets one to record. Only that time: one
+/// another mount records meanwhile stands. Dropped, not replaced by the present time, so
+/// that later appends cost no update.
+fn appending_to(fw: &FileWriter, taken: &ObjectMeta) {
+    if taken.mtime.is_some() {
         lock(&fw.mtime).get_or_insert(MtimeToRecord::Reset {
-            seen: Some(closed.metageneration),
+            only_if: taken.mtime,
         });
     }
 }
@@ -279,6 +289,7 @@ impl Writes {
             budget_permits: permits,
             staging: Staging::new(cfg),
             by_ino: Mutex::new(HashMap::new()),
+            ending: Mutex::new(HashMap::new()),
             stopped: tokio::sync::RwLock::new(false),
         }
     }
@@ -356,14 +367,19 @@ impl Writes {
 
     /// What `stat` shows of `ino` while a writer is active on it (see `AsWritten`).
     pub fn as_written(&self, ino: u64) -> Option<AsWritten> {
-        lock(&self.by_ino).get(&ino).map(|(fw, _)| AsWritten {
+        let of = |fw: &FileWriter| AsWritten {
             size: fw.size.load(Ordering::Acquire),
             exact: fw.exact.load(Ordering::Acquire),
             mtime: match *lock(&fw.mtime) {
                 Some(MtimeToRecord::At(t)) => Some(t),
                 _ => None,
             },
-        })
+        };
+        if let Some((fw, _)) = lock(&self.by_ino).get(&ino) {
+            return Some(of(fw));
+        }
+        // Being ended by its last release: its stream's end is not in the inode yet.
+        lock(&self.ending).get(&ino).map(|fw| of(fw))
     }
 
     /// Moves the writer of `ino`, if any, to a staged copy of everything written so far, so
@@ -627,6 +643,13 @@ impl Writes {
         lock(&self.by_ino).get(&ino).map(|(fw, _)| fw.clone())
     }
 
+    /// The writer a `utimes(2)` of `ino` goes through: its active one, else one whose last
+    /// release is ending it.
+    pub fn writer_for_mtime(&self, ino: u64) -> Option<Arc<FileWriter>> {
+        self.writer_of(ino)
+            .or_else(|| lock(&self.ending).get(&ino).cloned())
+    }
+
     /// Whether the writer of `ino` on this mount may be writing a new version of the file
     /// (one streamed beside it, or a staged copy), which a reader asks `ready_for_reader`
     /// for. A writer busy at this moment may be, and the reader waits for it there: the
@@ -767,11 +790,11 @@ impl Writes {
     pub async fn set_size(&self, fw: &Arc<FileWriter>, size: u64) -> FsResult<()> {
         let key = fw.inode.key();
         let mut st = fw.state.lock().await;
-        Self::wrote(fw);
         if let State::Replacing { w, .. } = &*st {
             if w.written() == size {
                 return Ok(());
             }
+            Self::wrote(fw);
             self.stage_aside(fw, &mut st, Some(size)).await?;
         }
         let next = match &mut *st {
@@ -782,15 +805,20 @@ impl Writes {
                 if now == size {
                     return Ok(());
                 }
+                Self::wrote(fw);
                 self.stage_object(&key, meta.generation, Some(size)).await
             }
             State::Open { w, .. } => {
                 if w.written() == size {
                     return Ok(());
                 }
+                Self::wrote(fw);
                 self.stage_stream(fw, &mut st, Some(size)).await
             }
-            State::Staged(_) => return self.resize_staged(fw, &mut st, size, &key).await,
+            State::Staged(_) => {
+                Self::wrote(fw);
+                return self.resize_staged(fw, &mut st, size, &key).await;
+            }
             State::Failed(e) => return Err(*e),
             State::Replacing { .. } | State::Done => return Err(Errno::EBADF),
         };
@@ -928,6 +956,7 @@ impl Writes {
             .open_appendable(&self.bucket, key, generation)
             .await
             .map_err(|e| log_err("takeover", key, &e))?;
+        appending_to(fw, &meta);
         fw.size.store(w.written(), Ordering::Release);
         Ok(State::Open {
             w: Box::new(w),
@@ -1015,7 +1044,6 @@ impl Writes {
                 match closed {
                     Ok(meta) => {
                         fw.inode.note_written(meta.generation, meta.size);
-                        appended_to(fw, &meta);
                         *st = State::Idle {
                             generation: meta.generation,
                             // A dup writing after a finalize stages the finalized object
@@ -1151,49 +1179,62 @@ impl Writes {
                     let last = entry.1 == 0;
                     if last {
                         by_ino.remove(&fw.inode.ino);
+                        lock(&self.ending).insert(fw.inode.ino, fw.clone());
                     }
                     last
                 }
                 _ => false,
             }
         };
-        if !last {
-            return fw.inode.clone();
+        if last {
+            self.end_writing(&fw).await;
+            let mut ending = lock(&self.ending);
+            if ending
+                .get(&fw.inode.ino)
+                .is_some_and(|e| Arc::ptr_eq(e, &fw))
+            {
+                ending.remove(&fw.inode.ino);
+            }
         }
+        fw.inode.clone()
+    }
+
+    /// The end of `fw`'s writing at its last release: a new version is placed, a staged
+    /// copy uploaded, a stream closed (or finalized), and the modification time left to
+    /// record recorded. The state stays locked throughout, so that a `utimes(2)` coming in
+    /// meanwhile (through `writer_for_mtime`) records its time after this one's.
+    async fn end_writing(&self, fw: &FileWriter) {
         let mut st = fw.state.lock().await;
         if matches!(*st, State::Replacing { .. }) {
             if self
-                .place(&fw, &mut st, self.finalize_on_close)
+                .place(fw, &mut st, self.finalize_on_close)
                 .await
                 .is_ok()
             {
-                self.record_pending_mtime(&fw, &st, None).await;
+                self.record_pending_mtime(fw, &st, None).await;
             }
             *st = State::Done;
-            return fw.inode.clone();
+            return;
         }
         if let State::Staged(s) = &mut *st {
             // Normally uploaded by the flush of close(2) already; this covers the rest, before
             // a reader of the rewrite (`read_rewrite`) finds it over.
             if s.dirty {
-                let _ = self.upload(&fw, s).await;
+                let _ = self.upload(fw, s).await;
             }
-            self.record_pending_mtime(&fw, &st, None).await;
         }
         // Ended by a flush that was not the opener's close (`Closer::Unknown`), a rename, or
         // a reader: what it left to record is recorded now.
-        if matches!(*st, State::Idle { .. }) {
-            self.record_pending_mtime(&fw, &st, None).await;
+        if matches!(*st, State::Idle { .. } | State::Staged(_)) {
+            self.record_pending_mtime(fw, &st, None).await;
         }
-        let state = std::mem::replace(&mut *st, State::Done);
-        drop(st);
-        let (w, held) = match state {
+        let (w, held) = match std::mem::replace(&mut *st, State::Done) {
             State::Open { w, held } => (w, held),
-            State::Staged(_) | State::Idle { .. } => return fw.inode.clone(),
+            State::Staged(_) | State::Idle { .. } => return,
             _ => {
                 // A failed writer may never have had its create answered.
                 fw.inode.forget_pending();
-                return fw.inode.clone();
+                return;
             }
         };
         let key = &*fw.inode.key();
@@ -1207,10 +1248,7 @@ impl Writes {
         match ended {
             Ok(meta) => {
                 fw.inode.note_written(meta.generation, meta.size);
-                appended_to(&fw, &meta);
-                // The writer is no longer found by a `utimes(2)` coming in meanwhile, which
-                // records its time at once: only the metadata this stream saw is changed.
-                self.record_pending_mtime(&fw, &State::Done, Some(meta.metageneration))
+                self.record_pending_mtime(fw, &st, Some(meta.generation))
                     .await;
             }
             Err(e) => {
@@ -1218,7 +1256,6 @@ impl Writes {
                 fw.inode.forget_pending();
             }
         }
-        fw.inode.clone()
     }
 }
 
@@ -1232,7 +1269,7 @@ impl Writes {
         match mtime {
             Mtime::At(t) => *lock(&fw.mtime) = Some(MtimeToRecord::At(t)),
             Mtime::Now if writing_ended(&st) => {
-                *lock(&fw.mtime) = Some(MtimeToRecord::Reset { seen: None });
+                *lock(&fw.mtime) = Some(MtimeToRecord::Reset { only_if: None });
             }
             Mtime::Now => {
                 Self::wrote(fw);
@@ -1252,23 +1289,20 @@ impl Writes {
     }
 
     /// Records what `fw`'s writing left to record of the modification time, once `st` says
-    /// it has ended with every byte in the object; a failed writer's is dropped with its
-    /// bytes. With `if_metageneration`, a given time only while the metadata is that version.
-    async fn record_pending_mtime(
-        &self,
-        fw: &FileWriter,
-        st: &State,
-        if_metageneration: Option<i64>,
-    ) {
+    /// it has ended with every byte in the object, on the version it ended with (`generation`
+    /// when the state no longer says); a failed writer's is dropped with its bytes.
+    async fn record_pending_mtime(&self, fw: &FileWriter, st: &State, generation: Option<i64>) {
         if !writing_ended(st) {
             return;
         }
         let Some(what) = *lock(&fw.mtime) else {
             return;
         };
-        if let Some(meta) = fw.inode.meta().0 {
-            self.record(&fw.inode, meta.generation, what, if_metageneration)
-                .await;
+        let generation = generation
+            .or_else(|| generation_of(st))
+            .or_else(|| fw.inode.meta().0.map(|m| m.generation));
+        if let Some(generation) = generation {
+            self.record(&fw.inode, generation, what).await;
         }
         // Taken only now: until the answer, `stat` shows the time set (`as_written`).
         let mut pending = lock(&fw.mtime);
@@ -1282,42 +1316,49 @@ impl Writes {
     pub async fn record_mtime(&self, inode: &Inode, generation: i64, mtime: Mtime) {
         let what = match mtime {
             Mtime::At(t) => MtimeToRecord::At(t),
-            Mtime::Now => MtimeToRecord::Reset { seen: None },
+            Mtime::Now => MtimeToRecord::Reset { only_if: None },
         };
-        self.record(inode, generation, what, None).await;
+        self.record(inode, generation, what).await;
     }
 
     /// Records `what` in generation `generation` of `inode`'s object (`gcs::Client::set_mtime`,
-    /// `reset_mtime`), and gives the inode the time that results. Best effort: a time not
-    /// kept is logged, never an error of the call that set it, which `tar`, `rsync` and
-    /// `cp -p` would take for a failed copy.
-    async fn record(
-        &self,
-        inode: &Inode,
-        generation: i64,
-        what: MtimeToRecord,
-        if_metageneration: Option<i64>,
-    ) {
+    /// `reset_mtime`), and gives the inode the time that results. Best effort, within
+    /// `MTIME_WAIT`: a time not kept is logged, never an error of the call that set it, which
+    /// `tar`, `rsync` and `cp -p` would take for a failed copy.
+    async fn record(&self, inode: &Inode, generation: i64, what: MtimeToRecord) {
         if generation == PENDING_GENERATION || !inode.is_named() {
             return;
         }
         let key = inode.key();
         let (bucket, client) = (&self.bucket, &self.client);
-        let recorded = match what {
-            MtimeToRecord::At(t) => {
-                client
-                    .set_mtime(bucket, &key, generation, if_metageneration, t)
-                    .await
-            }
-            MtimeToRecord::Reset { seen } => {
-                client.reset_mtime(bucket, &key, generation, seen).await
+        let recorded = async {
+            let done = match what {
+                MtimeToRecord::At(t) => client.set_mtime(bucket, &key, generation, t).await,
+                MtimeToRecord::Reset { only_if } => {
+                    client.reset_mtime(bucket, &key, generation, only_if).await
+                }
+            };
+            match done {
+                // Changed since by someone else, or by an attempt whose answer was lost: the
+                // object's time is whatever it says now.
+                Err(gcs::Error::PreconditionFailed(why)) => {
+                    tracing::debug!(
+                        path = &*key,
+                        reason = why,
+                        "modification time changed meanwhile"
+                    );
+                    client.get_object(bucket, &key).await
+                }
+                done => done,
             }
         };
-        match recorded {
-            Ok(meta) => inode.note_mtime(&ObjMeta::from(&meta)),
-            // Someone changed the object's metadata or version since: theirs stands.
-            Err(gcs::Error::PreconditionFailed(_)) => {}
-            Err(e) => tracing::warn!(path = &*key, error = %e, "modification time not kept"),
+        match tokio::time::timeout(MTIME_WAIT, recorded).await {
+            Ok(Ok(meta)) => inode.note_mtime(&ObjMeta::from(&meta)),
+            Ok(Err(e)) => tracing::warn!(path = &*key, error = %e, "modification time not kept"),
+            Err(_) => tracing::warn!(
+                path = &*key,
+                "modification time not kept: no answer in time"
+            ),
         }
     }
 

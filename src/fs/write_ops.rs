@@ -520,7 +520,7 @@ impl Fs {
             return Ok(());
         }
         let writes = &self.inner.writes;
-        match writes.writer_of(ino) {
+        match writes.writer_for_mtime(ino) {
             Some(fw) => writes.set_mtime(&fw, mtime).await,
             None => {
                 let meta = self.inner.sb.fresh_meta(&inode).await?;

@@ -230,16 +230,14 @@ impl Client {
 
     /// Records `mtime` as generation `generation` of `object`'s modification time, in the
     /// custom metadata key gcsfuse keeps it in (`MTIME_KEY`), leaving the object's other keys
-    /// as they are (the `metadata.KEY` mask Google's clients patch one key with). With
-    /// `if_metageneration`, only while the metadata is still that version. Setting one key to
-    /// one value is idempotent, so retries are safe; another generation, or metadata changed
-    /// since, fails the call (PreconditionFailed).
+    /// as they are (the `metadata.KEY` mask Google's clients patch one key with). Setting one
+    /// key to one value is idempotent, so retries are safe; another generation fails the
+    /// call (PreconditionFailed).
     pub async fn set_mtime(
         &self,
         bucket: &str,
         object: &str,
         generation: i64,
-        if_metageneration: Option<i64>,
         mtime: SystemTime,
     ) -> Result<ObjectMeta> {
         let update = pb::Object {
@@ -249,21 +247,23 @@ impl Client {
             ..Default::default()
         };
         let mask = format!("metadata.{MTIME_KEY}");
-        self.update_metadata(bucket, update, mask, generation, if_metageneration)
+        self.update_metadata(bucket, update, mask, generation, None)
             .await
     }
 
     /// Makes generation `generation` of `object`'s modification time its update time again,
     /// and that time the present: the times recorded in its metadata (`MTIME_KEY`, and the
     /// one gcloud storage records) are removed by an update of the metadata, which advances
-    /// the update time even when there was nothing to remove (`touch`). With `seen`, nothing
-    /// changes once the metadata is no longer that version: someone set a time since.
+    /// the update time even when there was nothing to remove (`touch`). With `only_if`,
+    /// nothing changes unless that is the time the object records: someone set another since.
+    /// The map is written back under `if_metageneration_match`, so a key set between the
+    /// read and the write is never lost (PreconditionFailed instead).
     pub async fn reset_mtime(
         &self,
         bucket: &str,
         object: &str,
         generation: i64,
-        seen: Option<i64>,
+        only_if: Option<SystemTime>,
     ) -> Result<ObjectMeta> {
         let what = object_url(bucket, object);
         let msg = pb::GetObjectRequest {
@@ -280,7 +280,7 @@ impl Client {
         })
         .await?
         .into_inner();
-        if seen.is_some_and(|m| m != now.metageneration) {
+        if only_if.is_some() && ObjectMeta::from(&now).mtime != only_if {
             return Ok(ObjectMeta::from(now));
         }
         let mut metadata = now.metadata;
