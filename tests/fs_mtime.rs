@@ -8,7 +8,7 @@
 mod fs_support;
 
 use fs_support::FsEnv;
-use rapidfs::fs::{Mtime, SetAttr, ROOT_INO};
+use rapidfs::fs::{Fs, Mtime, SetAttr, ROOT_INO};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// 2020-01-02T03:04:05.5Z, as `touch -d` or a tarball would give it.
@@ -35,8 +35,42 @@ fn touch(fh: Option<u64>) -> SetAttr {
     }
 }
 
+/// Creates `name` in the root and writes `data` through it: its inode and handle.
+async fn created(fs: &Fs, name: &str, data: &[u8]) -> (u64, u64) {
+    let (e, opened) = fs
+        .create(ROOT_INO, name, libc::O_WRONLY)
+        .await
+        .expect("create");
+    if !data.is_empty() {
+        fs.write(opened.fh, 0, data.to_vec().into())
+            .await
+            .expect("write");
+    }
+    (e.attr.ino, opened.fh)
+}
+
+/// A log of one line written through the mount (an appendable object, which appends stream
+/// into) with `then()` recorded as its time, reopened to append: its inode and new handle.
+async fn log_with_a_recorded_time_reopened(env: &FsEnv) -> (u64, u64) {
+    let fs = &env.fs;
+    let (ino, fh) = created(fs, "log", b"one\n").await;
+    closed(fs, fh).await;
+    fs.setattr(ino, set_mtime(then(), None))
+        .await
+        .expect("touch -d");
+    assert_eq!(recorded(env, "log").await, Some(then()));
+    let again = fs.open_write(ino, false).await.expect("open");
+    (ino, again.fh)
+}
+
+/// `close(2)` of handle `fh`, and its release.
+async fn closed(fs: &Fs, fh: u64) {
+    fs.flush(fh).await.expect("close");
+    fs.release_write(fh).await;
+}
+
 /// (name, mtime) of each entry of the root as `ls -l` lists them (readdirplus).
-async fn listed_mtimes(fs: &rapidfs::fs::Fs) -> Vec<(String, SystemTime)> {
+async fn listed_mtimes(fs: &Fs) -> Vec<(String, SystemTime)> {
     let fh = fs.opendir(ROOT_INO).expect("opendir");
     let mut out = Vec::new();
     fs.readdirplus(fh, 0, |item, entry| {
@@ -84,30 +118,25 @@ fn a_time_set_while_writing_is_recorded_once_the_writing_ends() {
     let fs = &env.fs;
     env.rt.block_on(async {
         // `cp -p`: create, write, futimens on the open descriptor, close.
-        let (e, opened) = fs
-            .create(ROOT_INO, "copy", libc::O_WRONLY)
-            .await
-            .expect("create");
-        fs.write(opened.fh, 0, vec![7u8; 1000].into())
-            .await
-            .expect("write");
-        fs.setattr(e.attr.ino, set_mtime(then(), Some(opened.fh)))
+        let (ino, opened) = created(fs, "copy", &[7u8; 1000]).await;
+        let attr = fs
+            .setattr(ino, set_mtime(then(), Some(opened)))
             .await
             .expect("futimens");
         // Then fchown: its reply is what the kernel caches for the file.
         let chown = SetAttr {
-            uid: Some(e.attr.uid),
-            gid: Some(e.attr.gid),
+            uid: Some(attr.uid),
+            gid: Some(attr.gid),
             mtime: None,
-            ..set_mtime(then(), Some(opened.fh))
+            ..set_mtime(then(), Some(opened))
         };
-        let attr = fs.setattr(e.attr.ino, chown).await.expect("fchown");
+        let attr = fs.setattr(ino, chown).await.expect("fchown");
         assert_eq!(attr.mtime, then(), "the time set, not the object's yet");
-        fs.flush(opened.fh).await.expect("close");
+        fs.flush(opened).await.expect("close");
         assert_eq!(recorded(&env, "copy").await, Some(then()));
-        assert_eq!(fs.getattr(e.attr.ino).await.expect("stat").mtime, then());
-        fs.release_write(opened.fh).await;
-        assert_eq!(fs.getattr(e.attr.ino).await.expect("stat").mtime, then());
+        assert_eq!(fs.getattr(ino).await.expect("stat").mtime, then());
+        fs.release_write(opened).await;
+        assert_eq!(fs.getattr(ino).await.expect("stat").mtime, then());
         let meta = env.client.get_object("b", "copy").await.expect("object");
         assert_eq!(meta.size, 1000, "the bytes are all there");
     });
@@ -118,28 +147,12 @@ fn appending_after_a_recorded_time_drops_it() {
     let env = FsEnv::new("b", |_| {});
     let fs = &env.fs;
     env.rt.block_on(async {
-        let (e, opened) = fs
-            .create(ROOT_INO, "log", libc::O_WRONLY)
-            .await
-            .expect("create");
-        fs.write(opened.fh, 0, b"one\n".to_vec().into())
-            .await
-            .expect("write");
-        fs.flush(opened.fh).await.expect("close");
-        fs.release_write(opened.fh).await;
-        let ino = e.attr.ino;
-        fs.setattr(ino, set_mtime(then(), None))
-            .await
-            .expect("touch -d");
-        assert_eq!(recorded(&env, "log").await, Some(then()));
-
         let before = SystemTime::now();
-        let again = fs.open_write(ino, false).await.expect("open");
-        fs.write(again.fh, 4, b"two\n".to_vec().into())
+        let (ino, again) = log_with_a_recorded_time_reopened(&env).await;
+        fs.write(again, 4, b"two\n".to_vec().into())
             .await
             .expect("append");
-        fs.flush(again.fh).await.expect("close");
-        fs.release_write(again.fh).await;
+        closed(fs, again).await;
         // Dropped: the update time, the append's, is the mtime again.
         let meta = env.client.get_object("b", "log").await.expect("object");
         assert_eq!(meta.mtime, None);
@@ -219,15 +232,9 @@ fn touch_of_a_file_being_created_costs_no_update() {
     let env = FsEnv::new("b", |_| {});
     let fs = &env.fs;
     env.rt.block_on(async {
-        let (e, opened) = fs
-            .create(ROOT_INO, "new", libc::O_WRONLY)
-            .await
-            .expect("create");
-        fs.setattr(e.attr.ino, touch(Some(opened.fh)))
-            .await
-            .expect("touch");
-        fs.flush(opened.fh).await.expect("close");
-        fs.release_write(opened.fh).await;
+        let (ino, opened) = created(fs, "new", b"").await;
+        fs.setattr(ino, touch(Some(opened))).await.expect("touch");
+        closed(fs, opened).await;
         let meta = env.client.get_object("b", "new").await.expect("object");
         assert_eq!((meta.mtime, meta.metageneration), (None, 1));
     });
@@ -261,23 +268,16 @@ fn a_write_after_the_time_was_set_drops_it() {
     let env = FsEnv::new("b", |_| {});
     let fs = &env.fs;
     env.rt.block_on(async {
-        let (e, opened) = fs
-            .create(ROOT_INO, "f", libc::O_WRONLY)
-            .await
-            .expect("create");
-        fs.write(opened.fh, 0, b"one".to_vec().into())
-            .await
-            .expect("write");
-        fs.setattr(e.attr.ino, set_mtime(then(), Some(opened.fh)))
+        let (ino, opened) = created(fs, "f", b"one").await;
+        fs.setattr(ino, set_mtime(then(), Some(opened)))
             .await
             .expect("futimens");
-        fs.write(opened.fh, 3, b"two".to_vec().into())
+        fs.write(opened, 3, b"two".to_vec().into())
             .await
             .expect("write after");
-        fs.flush(opened.fh).await.expect("close");
-        fs.release_write(opened.fh).await;
+        closed(fs, opened).await;
         assert_eq!(recorded(&env, "f").await, None);
-        assert!(fs.getattr(e.attr.ino).await.expect("stat").mtime > then());
+        assert!(fs.getattr(ino).await.expect("stat").mtime > then());
     });
 }
 
@@ -311,17 +311,13 @@ fn a_time_set_on_an_empty_new_file_is_recorded_at_its_release() {
     let env = FsEnv::new("b", |_| {});
     let fs = &env.fs;
     env.rt.block_on(async {
-        let (e, opened) = fs
-            .create(ROOT_INO, "empty", libc::O_WRONLY)
-            .await
-            .expect("create");
-        fs.setattr(e.attr.ino, set_mtime(then(), Some(opened.fh)))
+        let (ino, opened) = created(fs, "empty", b"").await;
+        fs.setattr(ino, set_mtime(then(), Some(opened)))
             .await
             .expect("futimens");
-        fs.flush(opened.fh).await.expect("close");
-        fs.release_write(opened.fh).await;
+        closed(fs, opened).await;
         assert_eq!(recorded(&env, "empty").await, Some(then()));
-        assert_eq!(fs.getattr(e.attr.ino).await.expect("stat").mtime, then());
+        assert_eq!(fs.getattr(ino).await.expect("stat").mtime, then());
     });
 }
 
@@ -330,21 +326,12 @@ fn touch_during_a_write_drops_the_time_set_before_it() {
     let env = FsEnv::new("b", |_| {});
     let fs = &env.fs;
     env.rt.block_on(async {
-        let (e, opened) = fs
-            .create(ROOT_INO, "f", libc::O_WRONLY)
-            .await
-            .expect("create");
-        fs.write(opened.fh, 0, b"one".to_vec().into())
-            .await
-            .expect("write");
-        fs.setattr(e.attr.ino, set_mtime(then(), Some(opened.fh)))
+        let (ino, opened) = created(fs, "f", b"one").await;
+        fs.setattr(ino, set_mtime(then(), Some(opened)))
             .await
             .expect("futimens");
-        fs.setattr(e.attr.ino, touch(Some(opened.fh)))
-            .await
-            .expect("touch");
-        fs.flush(opened.fh).await.expect("close");
-        fs.release_write(opened.fh).await;
+        fs.setattr(ino, touch(Some(opened))).await.expect("touch");
+        closed(fs, opened).await;
         assert_eq!(recorded(&env, "f").await, None);
     });
 }
@@ -357,22 +344,8 @@ fn appends_leave_a_time_recorded_meanwhile_by_another_mount() {
     let fs = &env.fs;
     let later = then() + Duration::from_secs(3600);
     env.rt.block_on(async {
-        // Written through the mount: an appendable object, which appends stream into.
-        let (e, created) = fs
-            .create(ROOT_INO, "log", libc::O_WRONLY)
-            .await
-            .expect("create");
-        fs.write(created.fh, 0, b"one\n".to_vec().into())
-            .await
-            .expect("write");
-        fs.flush(created.fh).await.expect("close");
-        fs.release_write(created.fh).await;
-        let ino = e.attr.ino;
-        fs.setattr(ino, set_mtime(then(), None))
-            .await
-            .expect("touch -d");
-        let opened = fs.open_write(ino, false).await.expect("open");
-        fs.write(opened.fh, 4, b"two\n".to_vec().into())
+        let (_, opened) = log_with_a_recorded_time_reopened(&env).await;
+        fs.write(opened, 4, b"two\n".to_vec().into())
             .await
             .expect("append");
         let generation = env
@@ -385,8 +358,7 @@ fn appends_leave_a_time_recorded_meanwhile_by_another_mount() {
             .set_mtime("b", "log", generation, later)
             .await
             .expect("another mount's touch -d");
-        fs.flush(opened.fh).await.expect("close");
-        fs.release_write(opened.fh).await;
+        closed(fs, opened).await;
         assert_eq!(recorded(&env, "log").await, Some(later));
     });
 }

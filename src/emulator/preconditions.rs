@@ -16,6 +16,20 @@ pub(crate) struct Preconditions {
     pub if_metageneration_not_match: Option<i64>,
 }
 
+/// The `Preconditions` of request `$r`, whose four `if_*` fields have the usual names
+/// (GetObject, DeleteObject, UpdateObject, a read or write spec, MoveObject's destination).
+macro_rules! preconditions_of {
+    ($r:expr) => {
+        $crate::emulator::preconditions::Preconditions {
+            if_generation_match: $r.if_generation_match,
+            if_generation_not_match: $r.if_generation_not_match,
+            if_metageneration_match: $r.if_metageneration_match,
+            if_metageneration_not_match: $r.if_metageneration_not_match,
+        }
+    };
+}
+pub(crate) use preconditions_of;
+
 impl Preconditions {
     /// Checks against the live object `(generation, metageneration)`, if any.
     pub fn check(&self, live: Option<(i64, i64)>) -> Result<(), Status> {

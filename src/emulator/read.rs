@@ -8,7 +8,7 @@
 use super::bucket_names::{bucket_path, parse_bucket};
 use super::content::{ContentReader, MAX_CHUNK};
 use super::object_proto::to_proto;
-use super::preconditions::Preconditions;
+use super::preconditions::preconditions_of;
 use super::stats::add;
 use super::wire::{decode_handle, encode_handle, header_routing_token, status_with_detail, Outbox};
 use super::Service;
@@ -91,13 +91,7 @@ impl Service {
         let (entry, reader) = self
             .store
             .open_for_read(&bucket, &spec.object, generation)?;
-        Preconditions {
-            if_generation_match: spec.if_generation_match,
-            if_generation_not_match: spec.if_generation_not_match,
-            if_metageneration_match: spec.if_metageneration_match,
-            if_metageneration_not_match: spec.if_metageneration_not_match,
-        }
-        .check(Some((entry.content.generation, entry.metageneration)))?;
+        preconditions_of!(spec).check(Some((entry.content.generation, entry.metageneration)))?;
         let handle = encode_handle(READ_HANDLE_TAG, &[entry.content.generation as u64]);
 
         let presented = spec.routing_token.clone().or(header_token);

@@ -6,7 +6,7 @@
 use super::bucket_names::{bucket_path, parse_bucket};
 use super::listing::list;
 use super::object_proto::{lag_behind_appends, timestamp, to_proto};
-use super::preconditions::Preconditions;
+use super::preconditions::{preconditions_of, Preconditions};
 use super::stats::add;
 use super::Service;
 use crate::proto::storage::{
@@ -84,13 +84,7 @@ impl Service {
             ));
         }
         let e = self.store.get(&bucket, &r.object, r.generation)?;
-        Preconditions {
-            if_generation_match: r.if_generation_match,
-            if_generation_not_match: r.if_generation_not_match,
-            if_metageneration_match: r.if_metageneration_match,
-            if_metageneration_not_match: r.if_metageneration_not_match,
-        }
-        .check(Some((e.content.generation, e.metageneration)))?;
+        preconditions_of!(r).check(Some((e.content.generation, e.metageneration)))?;
         let mut o = to_proto(&bucket, &r.object, &e);
         if self.calls.faults.get().stale_unfinalized_size {
             lag_behind_appends(&mut o, &e);
@@ -134,17 +128,8 @@ impl Service {
             .unary(req.metadata(), "bucket", &req.get_ref().bucket)
             .await?;
         let r = req.into_inner();
-        self.store.delete(
-            &bucket,
-            &r.object,
-            r.generation,
-            Preconditions {
-                if_generation_match: r.if_generation_match,
-                if_generation_not_match: r.if_generation_not_match,
-                if_metageneration_match: r.if_metageneration_match,
-                if_metageneration_not_match: r.if_metageneration_not_match,
-            },
-        )?;
+        self.store
+            .delete(&bucket, &r.object, r.generation, preconditions_of!(r))?;
         self.calls.answer(Response::new(()))
     }
 
@@ -168,12 +153,7 @@ impl Service {
                 if_metageneration_match: r.if_source_metageneration_match,
                 if_metageneration_not_match: r.if_source_metageneration_not_match,
             },
-            Preconditions {
-                if_generation_match: r.if_generation_match,
-                if_generation_not_match: r.if_generation_not_match,
-                if_metageneration_match: r.if_metageneration_match,
-                if_metageneration_not_match: r.if_metageneration_not_match,
-            },
+            preconditions_of!(r),
         )?;
         self.calls
             .answer(Response::new(to_proto(&bucket, &r.destination_object, &e)))
@@ -230,12 +210,7 @@ impl Service {
             object.generation,
             object.metadata.into_iter().collect(),
             (!whole).then_some(keys.as_slice()),
-            Preconditions {
-                if_generation_match: r.if_generation_match,
-                if_generation_not_match: r.if_generation_not_match,
-                if_metageneration_match: r.if_metageneration_match,
-                if_metageneration_not_match: r.if_metageneration_not_match,
-            },
+            preconditions_of!(r),
         )?;
         self.calls
             .answer(Response::new(to_proto(&bucket, &object.name, &e)))

@@ -7,7 +7,7 @@
 use super::bucket_names::{bucket_path, parse_bucket};
 use super::content::{Content, ContentWriter, MAX_CHUNK};
 use super::object_proto::to_proto;
-use super::preconditions::Preconditions;
+use super::preconditions::{preconditions_of, Preconditions};
 use super::stats::add;
 use super::store::{CustomMetadata, Entry};
 use super::wire::{decode_handle, encode_handle, header_routing_token, status_with_detail, Outbox};
@@ -76,12 +76,7 @@ impl Service {
                         resource.name
                     )));
                 }
-                let pre = Preconditions {
-                    if_generation_match: spec.if_generation_match,
-                    if_generation_not_match: spec.if_generation_not_match,
-                    if_metageneration_match: spec.if_metageneration_match,
-                    if_metageneration_not_match: spec.if_metageneration_not_match,
-                };
+                let pre = preconditions_of!(spec);
                 let presented = header_token.clone();
                 if let Some(token) = self.calls.faults.redirect(presented.as_deref()) {
                     return Err(self.redirect(token, None));
