@@ -49,6 +49,22 @@ async fn created(fs: &Fs, name: &str, data: &[u8]) -> (u64, u64) {
     (e.attr.ino, opened.fh)
 }
 
+/// An `Fs` over a bucket holding "f" of `data` with `then()` recorded as its time: the
+/// environment and the file's inode.
+fn f_with_a_recorded_time(data: &[u8]) -> (FsEnv, u64) {
+    let env = FsEnv::new("b", |_| {});
+    env.put("f", data);
+    let ino = env.ino("f");
+    env.rt.block_on(async {
+        env.fs
+            .setattr(ino, set_mtime(then(), None))
+            .await
+            .expect("touch -d");
+        assert_eq!(recorded(&env, "f").await, Some(then()));
+    });
+    (env, ino)
+}
+
 /// A log of one line written through the mount (an appendable object, which appends stream
 /// into) with `then()` recorded as its time, reopened to append: its inode and new handle.
 async fn log_with_a_recorded_time_reopened(env: &FsEnv) -> (u64, u64) {
@@ -206,15 +222,9 @@ fn the_times_gcsfuse_and_gcloud_record_are_what_a_lookup_shows() {
 
 #[test]
 fn touch_makes_the_present_time_the_mtime_and_drops_a_recorded_one() {
-    let env = FsEnv::new("b", |_| {});
-    env.put("f", b"abc");
+    let (env, ino) = f_with_a_recorded_time(b"abc");
     let fs = &env.fs;
-    let ino = env.ino("f");
     env.rt.block_on(async {
-        fs.setattr(ino, set_mtime(then(), None))
-            .await
-            .expect("touch -d");
-        assert_eq!(recorded(&env, "f").await, Some(then()));
         let before = SystemTime::now();
         fs.setattr(ino, touch(None)).await.expect("touch");
         let meta = env.client.get_object("b", "f").await.expect("object");
@@ -284,14 +294,9 @@ fn a_write_after_the_time_was_set_drops_it() {
 /// A rewrite uploads a new version, which carries no recorded time: the mtime is its own.
 #[test]
 fn a_rewrite_of_a_file_with_a_recorded_time_shows_the_new_version_s_time() {
-    let env = FsEnv::new("b", |_| {});
-    env.put("f", b"abcdef");
+    let (env, ino) = f_with_a_recorded_time(b"abcdef");
     let fs = &env.fs;
-    let ino = env.ino("f");
     env.rt.block_on(async {
-        fs.setattr(ino, set_mtime(then(), None))
-            .await
-            .expect("touch -d");
         let before = SystemTime::now();
         let opened = fs.open_write(ino, false).await.expect("open");
         fs.write(opened.fh, 1, b"X".to_vec().into())
