@@ -63,6 +63,16 @@ fn an_object_left_by_a_killed_writer_is_listed_and_finalized() {
 
     let listed = stdout(&rapidfs(&env, &["unfinalized", BUCKET]));
     assert_eq!(listed, format!("gs://{BUCKET}/ckpt/log.bin\t{}\n", 3 * MIB));
+    // Piped into a `head` that has gone: it ends quietly, as a shell shows SIGPIPE.
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    let piped = Command::new(env!("CARGO_BIN_EXE_rapidfs"))
+        .args(["unfinalized", BUCKET, "--endpoint", &env.emu().endpoint()])
+        .stdout(writer)
+        .output()
+        .expect("rapidfs runs");
+    assert_eq!(piped.status.code(), Some(128 + libc::SIGPIPE));
+    assert_eq!(String::from_utf8_lossy(&piped.stderr), "");
 
     let d = daemon(&env, mnt.path());
     let mp = mnt.path().to_str().expect("utf-8");
