@@ -427,3 +427,32 @@ fn a_directory_rename_that_would_make_a_folder_name_too_long_moves_nothing() {
         assert!(fs.lookup(c_moved, "f").await.is_ok());
     });
 }
+
+/// A read of a version replaced behind the mount's back fails with ESTALE, and the name is
+/// then found anew (the kernel is asked to let go of it), though the TTLs would still trust
+/// the old answer: the next lookup finds the new version as a new inode.
+#[test]
+fn a_read_that_finds_its_version_gone_lets_the_name_be_found_anew() {
+    let env = FsEnv::new("b", |_| {});
+    env.put("f", b"old");
+    let fs = &env.fs;
+    let old = env.ino("f");
+    env.rt.block_on(async {
+        let fh = fs.open(old, false, false).await.expect("open").fh;
+        env.put("f", b"the new one");
+        assert_eq!(fs.read(fh, 0, 100).await, Err(Errno::ESTALE));
+        fs.release(fh);
+        assert!(
+            fs.inodes_to_shed().contains(&(ROOT_INO, "f".to_string())),
+            "the kernel is asked to drop the name"
+        );
+        let now = fs.lookup(ROOT_INO, "f").await.expect("lookup").attr;
+        assert_ne!(now.ino, old, "the new version is a new inode");
+        let fh = fs.open(now.ino, false, false).await.expect("open").fh;
+        assert_eq!(
+            &fs.read(fh, 0, 100).await.expect("read")[..],
+            b"the new one"
+        );
+        fs.release(fh);
+    });
+}

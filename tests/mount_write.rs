@@ -540,6 +540,45 @@ fn another_mount_sees_every_fsynced_byte() {
     drop(f);
 }
 
+/// A checkpoint another mount replaces (a temporary file renamed over it, as `torch.save`
+/// savers do) while this mount still knows its old version (stat and entry TTLs of 60 s):
+/// an open of the name reads the old version, which is gone, and fails with ESTALE; the
+/// name is then found anew, so a retry moments later reads the new version. It failed for
+/// the whole TTL before (1,175 failures over 60 s on a rig).
+#[test]
+fn a_reader_on_another_mount_finds_a_replaced_checkpoint_after_one_failure() {
+    use std::time::{Duration, Instant};
+    let env = Env::new(BUCKET);
+    let a = env.mount(BUCKET, &env.config());
+    let b = env.mount(BUCKET, &env.config());
+    std::fs::write(a.p("latest.pt"), chunk(1, 0)).expect("write v1");
+    assert_eq!(
+        std::fs::metadata(b.p("latest.pt"))
+            .expect("B sees v1")
+            .len(),
+        MIB as u64
+    );
+    std::fs::write(a.p("latest.pt.tmp"), chunks(2, 2)).expect("write v2");
+    std::fs::rename(a.p("latest.pt.tmp"), a.p("latest.pt")).expect("replace");
+    let start = Instant::now();
+    let mut failures = 0;
+    let got = loop {
+        match std::fs::read(b.p("latest.pt")) {
+            Ok(got) => break got,
+            Err(e) => {
+                assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{e}");
+                failures += 1;
+                assert!(
+                    start.elapsed() < Duration::from_secs(5),
+                    "still ESTALE after {failures} tries"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    };
+    assert!(got == chunks(2, 2), "B reads the new version whole");
+}
+
 /// A reader on another mount that keeps its descriptor open (TensorBoard on another machine
 /// polling the event files a training job appends) reads what was appended once a stat has
 /// shown it the larger size; its handle answered an empty read for those bytes.

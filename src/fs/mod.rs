@@ -296,9 +296,11 @@ impl Fs {
         self.inner.sb.forget(ino, n);
     }
 
-    /// The names whose dentries the kernel should drop, (parent inode, name), when it holds
-    /// more inodes than `fs.metadata_cache_mb` allows: the FUSE session sends them as
-    /// `FUSE_NOTIFY_INVAL_ENTRY`, and the kernel's forgets then free the inodes.
+    /// The names whose dentries the kernel should drop, (parent inode, name): those whose
+    /// version a read found gone from the bucket, and, when the kernel holds more inodes
+    /// than `fs.metadata_cache_mb` allows, the least recently looked up. The FUSE session
+    /// sends them as `FUSE_NOTIFY_INVAL_ENTRY`, and the kernel's forgets then free the
+    /// inodes.
     pub fn inodes_to_shed(&self) -> Vec<(u64, String)> {
         self.inner.sb.inodes_to_shed()
     }
@@ -426,13 +428,23 @@ impl Fs {
             self.prefetch_on_open(&key);
         }
         let handle = self.inner.reads.unopened(&key, &meta, direct, reader);
-        self.read_version(&handle, offset, size).await
+        self.read_version(&inode, &handle, offset, size).await
     }
 
-    /// Reads through `handle`, whose generation may be gone: then stale, not missing.
-    async fn read_version(&self, handle: &ReadSide, offset: u64, size: u32) -> FsResult<Bytes> {
+    /// Reads through `handle` of `inode`, whose generation may be gone: then stale, not
+    /// missing, and the name is found anew at the next open (`Superblock::version_gone`).
+    async fn read_version(
+        &self,
+        inode: &Inode,
+        handle: &ReadSide,
+        offset: u64,
+        size: u32,
+    ) -> FsResult<Bytes> {
         match self.inner.reads.read(handle, offset, u64::from(size)).await {
-            Err(Errno::ENOENT) => Err(Errno::ESTALE),
+            Err(Errno::ENOENT) => {
+                self.inner.sb.version_gone(inode);
+                Err(Errno::ESTALE)
+            }
             other => other,
         }
     }
@@ -475,7 +487,7 @@ impl Fs {
                 None => self.grown(fh, &sides.inode, handle).await,
             };
         }
-        self.read_version(&handle, offset, size).await
+        self.read_version(&sides.inode, &handle, offset, size).await
     }
 
     /// Reading handle `fh` of `inode`, opened while the file was rewritten, reads the

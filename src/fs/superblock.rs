@@ -263,6 +263,9 @@ pub(super) struct Superblock {
     /// Files created whose create may not have reached the service: every listing fetched
     /// gets them.
     unanswered: Arc<Unanswered>,
+    /// Names, (parent directory's inode, name), whose version a read found gone from the
+    /// bucket (`version_gone`): the kernel is asked to let go of them (`inodes_to_shed`).
+    gone_names: Mutex<Vec<(u64, String)>>,
 }
 
 impl Superblock {
@@ -288,6 +291,7 @@ impl Superblock {
             removed_names: RemovedNames::default(),
             dir_renames: AtomicU64::new(0),
             unanswered: Arc::default(),
+            gone_names: Mutex::default(),
         }
     }
 
@@ -630,24 +634,53 @@ impl Superblock {
     /// holds an inode as long as it keeps its name's dentry, which only memory pressure on
     /// the kernel's side ends: a walk of ten million files would otherwise leave two
     /// gigabytes here, charged to the daemon (a sidecar's memory limit), not the walker.
+    ///
+    /// The names whose version a read found gone come first.
     pub(super) fn inodes_to_shed(&self) -> Vec<(u64, String)> {
+        let mut shed = std::mem::take(&mut *lock(&self.gone_names));
         let listed = self.listings.as_ref().map_or(0, |c| c.weighted_size());
         let room = self.metadata_cap.saturating_sub(listed);
         let held = self.inodes.bytes();
         if held <= room {
-            return Vec::new();
+            return shed;
         }
         let average = held / (self.inodes.len() as u64).max(1);
         let over = held - room / 5 * 4;
         let excess = usize::try_from(over / average.max(1)).unwrap_or(usize::MAX);
-        self.inodes
-            .least_recent_files(excess)
-            .iter()
-            .filter_map(|key| {
-                let dir = self.inodes.find(names::parent_dir(key), Kind::Dir)?;
-                Some((dir.ino, names::base_name(key).to_string()))
-            })
-            .collect()
+        shed.extend(
+            self.inodes
+                .least_recent_files(excess)
+                .iter()
+                .filter_map(|key| self.name_of(key)),
+        );
+        shed
+    }
+
+    /// (parent directory's inode, name) of `key`, while the kernel holds its directory.
+    fn name_of(&self, key: &str) -> Option<(u64, String)> {
+        let dir = self.inodes.find(names::parent_dir(key), Kind::Dir)?;
+        Some((dir.ino, names::base_name(key).to_string()))
+    }
+
+    /// Event: a read found the version `inode` holds gone from the bucket, replaced or
+    /// deleted by another mount or client. Its name is found anew at the next open: the
+    /// cached listing of its directory is dropped, and the kernel is asked to let go of the
+    /// name, whose inode it would otherwise open again for its entry TTL, each read failing
+    /// with ESTALE, as a reader polling a checkpoint another node replaces would.
+    pub(super) fn version_gone(&self, inode: &Inode) {
+        if !inode.is_named() {
+            return;
+        }
+        let key = inode.key();
+        let dkey = names::parent_dir(&key);
+        self.changes.changed(dkey);
+        self.drop_listing(dkey);
+        if let Some(name) = self.name_of(&key) {
+            let mut gone = lock(&self.gone_names);
+            if !gone.contains(&name) {
+                gone.push(name);
+            }
+        }
     }
 
     /// What the metadata holds now: inodes, cached listings and their weight.
