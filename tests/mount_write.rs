@@ -576,6 +576,10 @@ fn a_reader_on_another_mount_finds_a_replaced_checkpoint_after_one_failure() {
             }
         }
     };
+    assert!(
+        failures >= 1,
+        "B never opened the version it knew, which is gone"
+    );
     assert!(got == chunks(2, 2), "B reads the new version whole");
 }
 

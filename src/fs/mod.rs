@@ -442,7 +442,7 @@ impl Fs {
     ) -> FsResult<Bytes> {
         match self.inner.reads.read(handle, offset, u64::from(size)).await {
             Err(Errno::ENOENT) => {
-                self.inner.sb.version_gone(inode);
+                self.inner.sb.version_gone(inode, handle.object().1);
                 Err(Errno::ESTALE)
             }
             other => other,

@@ -265,7 +265,7 @@ pub(super) struct Superblock {
     unanswered: Arc<Unanswered>,
     /// Names, (parent directory's inode, name), whose version a read found gone from the
     /// bucket (`version_gone`): the kernel is asked to let go of them (`inodes_to_shed`).
-    gone_names: Mutex<Vec<(u64, String)>>,
+    gone_names: Mutex<HashSet<(u64, String)>>,
 }
 
 impl Superblock {
@@ -637,7 +637,7 @@ impl Superblock {
     ///
     /// The names whose version a read found gone come first.
     pub(super) fn inodes_to_shed(&self) -> Vec<(u64, String)> {
-        let mut shed = std::mem::take(&mut *lock(&self.gone_names));
+        let mut shed: Vec<_> = lock(&self.gone_names).drain().collect();
         let listed = self.listings.as_ref().map_or(0, |c| c.weighted_size());
         let room = self.metadata_cap.saturating_sub(listed);
         let held = self.inodes.bytes();
@@ -662,25 +662,29 @@ impl Superblock {
         Some((dir.ino, names::base_name(key).to_string()))
     }
 
-    /// Event: a read found the version `inode` holds gone from the bucket, replaced or
-    /// deleted by another mount or client. Its name is found anew at the next open: the
-    /// cached listing of its directory is dropped, and the kernel is asked to let go of the
-    /// name, whose inode it would otherwise open again for its entry TTL, each read failing
-    /// with ESTALE, as a reader polling a checkpoint another node replaces would.
-    pub(super) fn version_gone(&self, inode: &Inode) {
-        if !inode.is_named() {
+    /// Event: a read of generation `generation` of `inode` found it gone from the bucket,
+    /// replaced or deleted by another mount or client. Its name is found anew at the next
+    /// open: the cached listing of its directory is dropped, and the kernel is asked to let
+    /// go of the name, whose inode it would otherwise open again for its entry TTL, each
+    /// read failing with ESTALE, as a reader polling a checkpoint another node replaces
+    /// would. Only for the version the name leads to (a read of one this mount has moved or
+    /// replaced since says nothing of the name), and once until the kernel is told: a
+    /// reader retrying meanwhile does not list the directory again each time.
+    pub(super) fn version_gone(&self, inode: &Inode, generation: i64) {
+        let current = inode.meta().0.map(|m| m.generation);
+        if !inode.is_named() || current != Some(generation) || generation == PENDING_GENERATION {
             return;
         }
         let key = inode.key();
+        let Some(name) = self.name_of(&key) else {
+            return;
+        };
+        if !lock(&self.gone_names).insert(name) {
+            return;
+        }
         let dkey = names::parent_dir(&key);
         self.changes.changed(dkey);
         self.drop_listing(dkey);
-        if let Some(name) = self.name_of(&key) {
-            let mut gone = lock(&self.gone_names);
-            if !gone.contains(&name) {
-                gone.push(name);
-            }
-        }
     }
 
     /// What the metadata holds now: inodes, cached listings and their weight.

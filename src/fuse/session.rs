@@ -345,10 +345,10 @@ impl Mounted {
 }
 
 /// While the session serves: asks the kernel to drop the dentries of the inodes over the cap
-/// and of names whose version is gone (see `Fs::inodes_to_shed`), and the cached pages of files an O_APPEND write left wrong
-/// (see `Fs::pages_to_drop`). Off the FUSE thread: the kernel handles a notification under
-/// the directory's lock, or waits for the locks of the pages it drops, which a request in
-/// flight may hold.
+/// and of names whose version is gone (see `Fs::inodes_to_shed`), and the cached pages of
+/// files an O_APPEND write left wrong (see `Fs::pages_to_drop`). Off the FUSE thread: the
+/// kernel handles a notification under the directory's lock, or waits for the locks of the
+/// pages it drops, which a request in flight may hold.
 fn shed_inodes(fs: &Fs, notifier: &fuser::Notifier, serving: &AtomicBool) {
     while serving.load(Ordering::Acquire) {
         std::thread::sleep(SHED_INTERVAL);
