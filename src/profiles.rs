@@ -58,10 +58,11 @@ impl Profile {
                  [read]\nmax_streams_per_object = 8\nstream_per_mb = 64\n\
                  prefetch_dir_order = false\n"
             ),
-            // Other ranks and nodes create files the next step looks for, and read them
-            // whole: the stat and listings of an unfinalized object can lag behind its
-            // appends, a finalized object's are exact.
-            Profile::AimlCheckpointing => "[fs]\nnegative_ttl_ms = 0\n\
+            // Other ranks and nodes create files the next step looks for (at once by name,
+            // within a second in a directory listing, which an evaluator polls for new
+            // checkpoints), and read them whole: the stat and listings of an unfinalized
+            // object can lag behind its appends, a finalized object's are exact.
+            Profile::AimlCheckpointing => "[fs]\nnegative_ttl_ms = 0\nlist_ttl_ms = 1000\n\
                  [read]\nprefetch_dir_order = false\n\
                  [write]\nmemory_percent = 50\nfinalize_on_close = true\n"
                 .to_string(),

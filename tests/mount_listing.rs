@@ -370,3 +370,45 @@ fn writes_are_refused_and_xattrs_and_statfs_answer() {
     assert!(st.f_blocks > 0 && st.f_bavail > 0 && st.f_bsize > 0);
     assert_eq!(st.f_namemax, 255);
 }
+
+/// With the `aiml-checkpointing` profile, a file another mount (another node) creates shows
+/// up in this mount's listing of the directory within a second, not the default listing TTL
+/// of a minute: an evaluator polls the checkpoint directory for new ones.
+#[test]
+fn with_the_checkpointing_profile_another_mount_s_new_file_is_listed_within_a_second() {
+    use rapidfs::config::Config;
+    use rapidfs::profiles::Profile;
+    use std::time::Instant;
+    let env = Env::new(BUCKET);
+    let mut cfg =
+        Config::parse_with_profile("", Some(Profile::AimlCheckpointing)).expect("profile");
+    cfg.gcs.endpoint = env.emu().endpoint();
+    let a = env.mount(BUCKET, &cfg);
+    let b = env.mount(BUCKET, &cfg);
+    std::fs::create_dir(a.p("ckpts")).expect("mkdir");
+    std::fs::write(a.p("ckpts/step-1.pt"), b"1").expect("write");
+    let listed = |m: &mount_support::Mount| -> BTreeSet<String> {
+        std::fs::read_dir(m.p("ckpts"))
+            .expect("list")
+            .map(|e| e.expect("entry").file_name().into_string().expect("utf-8"))
+            .collect()
+    };
+    // The first listing of the directory on B, while it holds one checkpoint.
+    let start = Instant::now();
+    while !listed(&b).contains("step-1.pt") {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "B never lists step-1"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::fs::write(a.p("ckpts/step-2.pt"), b"2").expect("write");
+    let start = Instant::now();
+    while !listed(&b).contains("step-2.pt") {
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "B's listing still lacks step-2 after 3 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
