@@ -387,28 +387,26 @@ fn with_the_checkpointing_profile_another_mount_s_new_file_is_listed_within_a_se
     let b = env.mount(BUCKET, &cfg);
     std::fs::create_dir(a.p("ckpts")).expect("mkdir");
     std::fs::write(a.p("ckpts/step-1.pt"), b"1").expect("write");
-    let listed = |m: &mount_support::Mount| -> BTreeSet<String> {
-        std::fs::read_dir(m.p("ckpts"))
-            .expect("list")
-            .map(|e| e.expect("entry").file_name().into_string().expect("utf-8"))
-            .collect()
+    // How long until B's listing of the directory holds `name`.
+    let until_listed = |name: &str| {
+        let start = Instant::now();
+        loop {
+            let names: BTreeSet<String> = std::fs::read_dir(b.p("ckpts"))
+                .expect("list")
+                .map(|e| e.expect("entry").file_name().into_string().expect("utf-8"))
+                .collect();
+            if names.contains(name) {
+                return start.elapsed();
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(3),
+                "B's listing still lacks {name} after 3 s"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     };
     // The first listing of the directory on B, while it holds one checkpoint.
-    let start = Instant::now();
-    while !listed(&b).contains("step-1.pt") {
-        assert!(
-            start.elapsed() < Duration::from_secs(5),
-            "B never lists step-1"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    until_listed("step-1.pt");
     std::fs::write(a.p("ckpts/step-2.pt"), b"2").expect("write");
-    let start = Instant::now();
-    while !listed(&b).contains("step-2.pt") {
-        assert!(
-            start.elapsed() < Duration::from_secs(3),
-            "B's listing still lacks step-2 after 3 s"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    until_listed("step-2.pt");
 }
