@@ -302,8 +302,7 @@ fn a_rewrite_of_a_file_with_a_recorded_time_shows_the_new_version_s_time() {
         fs.write(opened.fh, 1, b"X".to_vec().into())
             .await
             .expect("write in the middle");
-        fs.flush(opened.fh).await.expect("close uploads");
-        fs.release_write(opened.fh).await;
+        closed(fs, opened.fh).await;
         assert_eq!(recorded(&env, "f").await, None);
         assert!(fs.getattr(ino).await.expect("stat").mtime >= before);
     });
