@@ -1,9 +1,9 @@
 //! The metadata of a directory-backed bucket at O(1) cost a change: a snapshot
 //! (`BUCKET.json`, written atomically: temp file, fsync, rename, fsync of the directory) plus
 //! an append-only journal of the records changed since (`BUCKET.EPOCH.journal`, one JSON line
-//! a changed object, fdatasync'd before the change is acknowledged; a line that only records
-//! what synced data carries already is written without a sync, and made durable by the next
-//! synced line or lost with a crash, in order either way).
+//! a changed object, written without a sync: the caller makes it durable before the change is
+//! acknowledged, see `DirectoryBackend::sync_root`; a line that only records what synced data
+//! carries already is left for the next sync, or lost with a crash, in order either way).
 //!
 //! Loading reads the snapshot and replays the journal of the snapshot's epoch; a torn last
 //! line was never acknowledged and is dropped. A journal that has grown past the bucket's
@@ -164,14 +164,13 @@ impl Journals {
     }
 
     /// Appends the records of the changed objects (`None`: gone) to the journal of
-    /// `bucket`, durably when `durable`. True when the journal has grown past `objects` (the
+    /// `bucket`, without a sync. True when the journal has grown past `objects` (the
     /// bucket's object count) and should be folded into a snapshot.
     pub(crate) fn append<R: Serialize>(
         &self,
         bucket: &str,
         changes: Vec<(String, Option<R>)>,
         objects: usize,
-        durable: bool,
     ) -> Result<bool, Status> {
         let mut open = self.lock();
         let Some(j) = open.get_mut(bucket) else {
@@ -185,24 +184,26 @@ impl Journals {
                 .map_err(|e| Status::internal(format!("cannot encode metadata: {e}")))?;
             text.push(b'\n');
         }
-        let written =
-            j.file
-                .write_all(&text)
-                .and_then(|()| if durable { j.file.sync_data() } else { Ok(()) });
-        if let Err(e) = written {
+        if let Err(e) = j.file.write_all(&text) {
             // The change is already made in memory and is refused to the caller: it may have
             // taken effect, as after a lost answer. The journal is given up, never appended
             // to again, so a fragment at its end stays a torn last line that replay drops;
             // a snapshot of memory (the caller's next) holds the change, and its new epoch
             // leaves this journal stale. Appending on would have glued the next line to the
-            // fragment (replay stops at the first line that does not parse), or, after a
-            // failed fdatasync, built on bytes the kernel may have dropped.
+            // fragment (replay stops at the first line that does not parse).
             let path = self.journal_path(bucket, j.epoch);
             open.remove(bucket);
             return Err(io_error("append to", &path, e));
         }
         j.lines += n;
         Ok(j.lines > FOLD_AT_LEAST.max(objects as u64))
+    }
+
+    /// Never appends to `bucket`'s journal again, after a sync that may have left its
+    /// last lines off the disk: the caller's next change writes a snapshot, whose new epoch
+    /// leaves this journal stale, instead of building on bytes the kernel may have dropped.
+    pub(crate) fn give_up(&self, bucket: &str) {
+        self.lock().remove(bucket);
     }
 
     /// The epoch of the snapshot on disk (0 when there is none).
@@ -272,15 +273,9 @@ mod tests {
         let tmp = dir.path().join("tmp");
         j.snapshot("b", BTreeMap::from([("a".to_string(), 1u32)]), &tmp)
             .expect("snapshot");
-        j.append(
-            "b",
-            vec![("x".into(), Some(2u32)), ("a".into(), None)],
-            1,
-            true,
-        )
-        .expect("append");
-        // A line written without a sync replays like any other while it is in the file.
-        j.append("b", vec![("y".into(), Some(3u32))], 1, false)
+        j.append("b", vec![("x".into(), Some(2u32)), ("a".into(), None)], 1)
+            .expect("append");
+        j.append("b", vec![("y".into(), Some(3u32))], 1)
             .expect("append");
         let loaded: BTreeMap<String, u32> =
             Journals::new(dir.path().into()).load("b").expect("load");
@@ -300,7 +295,7 @@ mod tests {
         let tmp = dir.path().join("tmp");
         j.snapshot("b", BTreeMap::from([("a".to_string(), 1u32)]), &tmp)
             .expect("snapshot");
-        j.append("b", vec![("a".into(), Some(2u32))], 1, true)
+        j.append("b", vec![("a".into(), Some(2u32))], 1)
             .expect("append");
         // A stale journal of the next epoch's predecessor must not revert the snapshot.
         let stale = j.journal_path("b", 1);
@@ -352,7 +347,7 @@ mod tests {
         let failed = (0..64).find(|i| {
             let name = format!("o{i}");
             let ok = j
-                .append("b", vec![(name.clone(), Some(big.clone()))], 1, true)
+                .append("b", vec![(name.clone(), Some(big.clone()))], 1)
                 .is_ok();
             if ok {
                 acknowledged.insert(name, big.clone());
@@ -363,7 +358,7 @@ mod tests {
         // A small change would still fit in the journal's last page, but must not follow
         // the fragment or the refused change: it asks for a snapshot instead.
         let fold = j
-            .append("b", vec![("small".into(), Some("s".to_string()))], 1, true)
+            .append("b", vec![("small".into(), Some("s".to_string()))], 1)
             .expect("a change without a journal asks for a snapshot");
         assert!(fold, "the next change writes a snapshot");
         let mut everything = acknowledged.clone();
@@ -388,9 +383,25 @@ mod tests {
         let mut fold = false;
         for i in 0..=FOLD_AT_LEAST {
             fold = j
-                .append("b", vec![(format!("o{i}"), Some(1u32))], 10, true)
+                .append("b", vec![(format!("o{i}"), Some(1u32))], 10)
                 .expect("append");
         }
         assert!(fold);
+    }
+
+    #[test]
+    fn a_journal_given_up_after_a_failed_sync_asks_for_a_snapshot() {
+        let (dir, j) = journals();
+        j.snapshot("b", BTreeMap::<String, u32>::new(), &dir.path().join("tmp"))
+            .expect("snapshot");
+        let fold = j
+            .append("b", vec![("a".into(), Some(1u32))], 10)
+            .expect("append");
+        assert!(!fold, "a short journal is appended to");
+        j.give_up("b");
+        let fold = j
+            .append("b", vec![("b".into(), Some(2u32))], 10)
+            .expect("append");
+        assert!(fold, "the next change writes a snapshot instead");
     }
 }
