@@ -262,6 +262,48 @@ async fn restart_keeps_objects_generations_and_unfinalized_state() {
     assert_eq!(std::fs::read(dir.path().join("b/log")).unwrap(), data[..]);
 }
 
+/// Uploads stored in one step (a mount's small files) are journaled as streamed ones are:
+/// after a restart the half-closed one is still appendable at its size and checksum, the
+/// finished one final, and both files hold their bytes.
+#[tokio::test]
+async fn uploads_stored_at_once_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("b")).unwrap();
+    let (open, done) = (pattern(3_000, 1), pattern(2_000, 2));
+    let mut generations = Vec::new();
+    {
+        let emu = directory(dir.path()).await;
+        let mut c = client(&emu).await;
+        for (name, data, finish) in [("d/open", &open, false), ("d/done", &done, true)] {
+            let msgs = whole_upload_msgs("b", name, data, finish);
+            let answers = upload_at_once(&mut c, "b", msgs).await.unwrap();
+            generations.push(resource_of(&answers[0]).0.generation);
+        }
+        assert_eq!(emu.stats().whole_uploads, 2, "both taken in at once");
+        emu.shutdown().await;
+    }
+    let emu = directory(dir.path()).await;
+    let mut c = client(&emu).await;
+    for ((name, data, finalized), generation) in [("d/open", &open, false), ("d/done", &done, true)]
+        .into_iter()
+        .zip(generations)
+    {
+        let o = get(&mut c, "b", name).await.unwrap();
+        assert_eq!(
+            (o.generation, o.size),
+            (generation, data.len() as i64),
+            "{name}"
+        );
+        assert_eq!(o.finalize_time.is_some(), finalized, "{name}");
+        assert_eq!(o.checksums.unwrap().crc32c, Some(crc32c::crc32c(data)));
+        assert_eq!(read_all(&mut c, "b", name).await, data[..]);
+        assert_eq!(
+            std::fs::read(dir.path().join("b").join(name)).unwrap(),
+            data[..]
+        );
+    }
+}
+
 /// Creates bucket "b" under `root` with an unfinalized object "log" holding the 9 bytes
 /// "old bytes", stops its emulator, and returns the object's generation.
 async fn unfinalized_log_then_stop(root: &std::path::Path) -> i64 {

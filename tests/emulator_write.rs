@@ -5,7 +5,8 @@ mod emulator_support;
 
 use bytes::Bytes;
 use emulator_support::*;
-use rapidfs::proto::storage::bidi_write_object_request::FirstMessage;
+use rapidfs::proto::storage::bidi_write_object_request::{Data, FirstMessage};
+use rapidfs::proto::storage::bidi_write_object_response::WriteStatus;
 use rapidfs::proto::storage::{BidiWriteObjectRequest, GetObjectRequest};
 use std::time::Duration;
 use tonic::Code;
@@ -342,4 +343,90 @@ async fn a_reader_follows_an_unfinalized_object_as_it_grows() {
         let (got, _) = collect(&mut r, &[i as i64]).await.unwrap();
         assert_eq!(got[&(i as i64)], part[..]);
     }
+}
+
+/// A small file's upload comes in one piece (the create with the first bytes, the rest with
+/// a flush and lookup, the half-close): it is stored in one step, answered as a stream read
+/// message by message is, and left appendable for its writer's handle. (A few KiB arrive in
+/// one read of the socket; a bigger upload may be read in pieces, and is then streamed.)
+#[tokio::test]
+async fn an_upload_that_comes_whole_is_stored_at_once_and_answered_as_streamed() {
+    let emu = memory().await;
+    let mut c = client(&emu).await;
+    let data = pattern(3_000, 4);
+    let msgs = whole_upload_msgs("b", "small", &data, false);
+    let answers = upload_at_once(&mut c, "b", msgs).await.unwrap();
+    assert_eq!(emu.stats().whole_uploads, 1, "taken in at once");
+    assert_eq!(answers.len(), 3, "create, lookup, half-close: {answers:?}");
+    let (created, handle) = resource_of(&answers[0]);
+    assert_eq!((created.size, created.finalize_time), (0, None));
+    for a in &answers[1..] {
+        assert_eq!(persisted_of(a), 3_000);
+        let crc = a.persisted_data_checksums.as_ref().unwrap().crc32c;
+        assert_eq!(crc, Some(crc32c::crc32c(&data)));
+    }
+    assert_eq!(read_all(&mut c, "b", "small").await, data[..]);
+    let first = append_msg("b", "small", created.generation, Some(handle), 3_000);
+    let mut w = open_write(&mut c, "b", first, true).await.unwrap();
+    assert_eq!(resource_of(w.first.as_ref().unwrap()).0.size, 3_000);
+    let more = pattern(1000, 5);
+    let whole = [&data[..], &more[..]].concat();
+    w.tx.send(data_msg(3_000, more)).await.unwrap();
+    w.tx.send(finish_msg(4_000, crc32c::crc32c(&whole)))
+        .await
+        .unwrap();
+    assert_eq!(persisted_of(&next(&mut w).await.unwrap().unwrap()), 4_000);
+    assert_eq!(read_all(&mut c, "b", "small").await, whole);
+}
+
+/// An upload finished in the piece it came in is stored finalized in one step; its first
+/// answer still shows the object as created, empty.
+#[tokio::test]
+async fn an_upload_finished_in_the_piece_it_came_in_is_stored_final_at_once() {
+    let emu = memory().await;
+    let mut c = client(&emu).await;
+    let data = pattern(2_000, 6);
+    let msgs = whole_upload_msgs("b", "done", &data, true);
+    let answers = upload_at_once(&mut c, "b", msgs).await.unwrap();
+    assert_eq!(emu.stats().whole_uploads, 1, "taken in at once");
+    assert_eq!(answers.len(), 2, "create, finish: {answers:?}");
+    let (created, _) = resource_of(&answers[0]);
+    assert_eq!((created.size, created.finalize_time), (0, None));
+    let done = match &answers[1].write_status {
+        Some(WriteStatus::Resource(o)) => o.clone(),
+        other => panic!("expected the finalized object, got {other:?}"),
+    };
+    assert_eq!((done.generation, done.size), (created.generation, 2_000));
+    assert!(done.finalize_time.is_some());
+    assert_eq!(done.checksums.unwrap().crc32c, Some(crc32c::crc32c(&data)));
+    assert_eq!(read_all(&mut c, "b", "done").await, data[..]);
+    // Its preconditions hold as a streamed create's do.
+    let again = whole_upload_msgs("b", "done", &data, true);
+    let refused = upload_at_once(&mut c, "b", again).await.unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition);
+}
+
+/// A whole upload that a streamed one would refuse is refused the same way: a chunk or the
+/// object off its checksum, a gap in the offsets.
+#[tokio::test]
+async fn a_whole_upload_with_a_bad_checksum_or_offset_is_refused_as_streamed() {
+    let emu = memory().await;
+    let mut c = client(&emu).await;
+    let data = pattern(2_000, 7);
+    let mut bad_chunk = whole_upload_msgs("b", "x", &data, true);
+    if let Some(Data::ChecksummedData(d)) = &mut bad_chunk[1].data {
+        d.crc32c = d.crc32c.map(|c| c ^ 1);
+    }
+    let mut bad_object = whole_upload_msgs("b", "y", &data, true);
+    bad_object[2] = finish_msg(2_000, crc32c::crc32c(&data) ^ 1);
+    let mut gap = whole_upload_msgs("b", "z", &data, false);
+    gap[1].write_offset += 1;
+    for msgs in [bad_chunk, bad_object, gap] {
+        let e = match upload_at_once(&mut c, "b", msgs).await {
+            Ok(answers) => panic!("accepted: {answers:?}"),
+            Err(e) => e,
+        };
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    }
+    assert_eq!(emu.stats().whole_uploads, 0);
 }

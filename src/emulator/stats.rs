@@ -14,6 +14,9 @@ pub struct StatsSnapshot {
     pub read_streams_ended: u64,
     /// BidiWriteObject streams opened.
     pub write_streams: u64,
+    /// BidiWriteObject streams whose whole upload (the create, every byte, and the finish
+    /// or half-close) had come in when the first message was read, stored in one step.
+    pub whole_uploads: u64,
     /// ReadRange entries received.
     pub ranges_requested: u64,
     /// Sum of requested range lengths (a length of 0 = to the end, resolved).
@@ -70,6 +73,7 @@ counters!(
     read_streams,
     read_streams_ended,
     write_streams,
+    whole_uploads,
     ranges_requested,
     bytes_requested,
     bytes_sent,

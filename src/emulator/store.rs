@@ -332,28 +332,35 @@ impl Store {
         self.with_bucket(bucket, Refresh::Prefix(prefix), |b| Ok(f(b)))
     }
 
-    /// Creates a new empty appendable generation, with `metadata`, owned by a new writer.
+    /// Creates a new appendable generation holding `initial` (persisted), with `metadata`,
+    /// owned by a new writer.
     pub fn create_appendable(
         &self,
         bucket: &str,
         name: &str,
         pre: Preconditions,
         metadata: CustomMetadata,
+        initial: Segments,
     ) -> Result<(Entry, ContentWriter), Status> {
         self.check_name(name)?;
         check_custom_metadata(&metadata)?;
+        let (len, crc) = (initial.len(), initial.crc());
         self.mutate(bucket, Refresh::One(name), Touched::Names(&[name]), |b| {
             pre.check(live(b, name))?;
             check_not_folder(b, name)?;
-            let data = self.backend.new_appendable(bucket, name)?;
+            let data = if len == 0 {
+                self.backend.new_appendable(bucket, name)?
+            } else {
+                self.backend
+                    .materialize(bucket, name, Arc::new(RwLock::new(initial)))?
+            };
             let file_id = self.backend.file_id(&data);
             let now = SystemTime::now();
             let token = self.next_token();
-            let content = Content::new(
-                self.next_generation(),
-                data,
-                WriteState::appendable(token, now),
-            );
+            let mut state = WriteState::appendable(token, now);
+            (state.written, state.persisted) = (len, len);
+            (state.crc, state.persisted_crc) = (crc, crc);
+            let content = Content::new(self.next_generation(), data, state);
             let entry = Entry {
                 content: content.clone(),
                 metageneration: 1,

@@ -244,6 +244,50 @@ pub async fn open_write(
     Ok(WriteSession { tx, rx, first })
 }
 
+/// Sends `msgs` on one write stream whose every message, and its half-close, is queued
+/// before the call starts (a small file's whole upload, as a mount sends it), and collects
+/// the answers until the stream ends.
+pub async fn upload_at_once(
+    c: &mut StorageClient<Channel>,
+    bucket: &str,
+    msgs: Vec<BidiWriteObjectRequest>,
+) -> Result<Vec<BidiWriteObjectResponse>, Status> {
+    let (tx, rx) = mpsc::channel(msgs.len().max(1));
+    for m in msgs {
+        tx.send(m).await.unwrap();
+    }
+    drop(tx);
+    let mut answers = c
+        .bidi_write_object(routed(bucket, ReceiverStream::new(rx)))
+        .await?
+        .into_inner();
+    let mut out = Vec::new();
+    while let Some(r) = answers.message().await? {
+        out.push(r);
+    }
+    Ok(out)
+}
+
+/// The messages of an upload of `data` to a new object `name`, sent whole: the create
+/// carrying the first bytes, the rest with a flush and lookup, and a finish if `finish`.
+pub fn whole_upload_msgs(
+    bucket: &str,
+    name: &str,
+    data: &Bytes,
+    finish: bool,
+) -> Vec<BidiWriteObjectRequest> {
+    let split = data.len() / 2;
+    let mut first = create_msg(bucket, name, Some(0));
+    first.data = data_msg(0, data.slice(..split)).data;
+    let mut rest = data_msg(split as u64, data.slice(split..));
+    (rest.flush, rest.state_lookup) = (!finish, !finish);
+    let mut msgs = vec![first, rest];
+    if finish {
+        msgs.push(finish_msg(data.len() as u64, crc32c::crc32c(data)));
+    }
+    msgs
+}
+
 /// First message creating an appendable object.
 pub fn create_msg(
     bucket: &str,
