@@ -24,7 +24,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tonic::Status;
 
@@ -40,7 +40,13 @@ pub(crate) struct DirectoryBackend {
     /// Held (an exclusive `flock`) for as long as this backend serves the root: a second
     /// emulator over it would clear the first one's temporary files and unlink the journals
     /// it appends to, so that what it acknowledged afterwards would not survive a restart.
+    /// Also what `sync_root` syncs through (the temporary files renamed into the buckets
+    /// share its filesystem, or the renames would fail).
     lock: File,
+    /// Why a sync failed, if one did: the kernel reports a writeback error once, so what
+    /// the disk holds is unknown from then on, and every change is refused until a restart
+    /// reloads it (as databases stop after a failed fsync).
+    sync_failed: Mutex<Option<String>>,
 }
 
 /// What the metadata file keeps of one object.
@@ -100,6 +106,11 @@ fn record_of(e: &Entry) -> Record {
         metadata: e.metadata.clone(),
         file_id: st.finalized.is_none().then_some(e.file_id).flatten(),
     }
+}
+
+/// Locks `m`, poisoned or not: it holds plain data.
+fn lock_unpoisoned<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn stamp_of(meta: &fs::Metadata) -> Stamp {
@@ -184,6 +195,7 @@ impl DirectoryBackend {
             tmp,
             tmp_counter: AtomicU64::new(0),
             lock,
+            sync_failed: Mutex::new(None),
         })
     }
 
@@ -201,11 +213,14 @@ impl DirectoryBackend {
         if unsafe { libc::syncfs(self.lock.as_raw_fd()) } == 0 {
             return Ok(());
         }
-        Err(io_status(
+        let e = io_status(
             "sync the filesystem of",
             &self.root,
             io::Error::last_os_error(),
-        ))
+        );
+        tracing::error!("{}; refusing every change until a restart", e.message());
+        *lock_unpoisoned(&self.sync_failed) = Some(e.message().to_string());
+        Err(e)
     }
 
     fn temp_path(&self) -> PathBuf {
@@ -356,11 +371,13 @@ impl Backend for DirectoryBackend {
                 // A file other than the unfinalized object's own was installed under its
                 // name by a put whose record a crash lost: its bytes are not this object's.
                 // A root copied or restored elsewhere gives every file a new inode number,
-                // so a file that still begins with the object's bytes is kept.
+                // so a file that still begins with the object's bytes is kept; every file
+                // begins with an empty object's, so one with bytes is new.
                 let replaced = unfinalized
                     && rec.file_id.is_some_and(|f| f != meta.ino())
                     && meta.len() >= rec.size
-                    && !begins_with(&path, rec.size, rec.crc32c);
+                    && (rec.size == 0 && meta.len() > 0
+                        || !begins_with(&path, rec.size, rec.crc32c));
                 if replaced {
                     tracing::warn!(path = %path.display(), "an unfinalized object's file was replaced by other bytes; they are served as a new object");
                 }
@@ -519,14 +536,6 @@ impl Backend for DirectoryBackend {
         fs::create_dir_all(&dir).map_err(|e| io_status("create bucket directory", &dir, e))
     }
 
-    fn new_appendable(&self, bucket: &str, name: &str) -> Result<Data, Status> {
-        let tmp = self.temp_path();
-        File::create(&tmp).map_err(|e| io_status("create", &tmp, e))?;
-        let dest = self.path(bucket, name);
-        self.install_temporary(&tmp, &dest)?;
-        Ok(Data::File(dest))
-    }
-
     fn materialize(
         &self,
         bucket: &str,
@@ -534,6 +543,12 @@ impl Backend for DirectoryBackend {
         segs: Arc<RwLock<Segments>>,
     ) -> Result<Data, Status> {
         let tmp = self.temp_path();
+        let dest = self.path(bucket, name);
+        // A rename over a file must not reach the disk before the bytes it puts there: a
+        // crash in between would leave the name with neither version, and the old one may
+        // be acknowledged. A new name risks no acknowledged object (a crash can leave it
+        // empty, found as a new object), so its bytes wait for the change's one sync.
+        let replaces = fs::symlink_metadata(&dest).is_ok();
         let write = || -> io::Result<()> {
             let mut f = File::create(&tmp)?;
             let segs = match segs.read() {
@@ -543,10 +558,12 @@ impl Backend for DirectoryBackend {
             for s in segs.iter() {
                 f.write_all(s)?;
             }
+            if replaces && segs.len() > 0 {
+                f.sync_data()?;
+            }
             Ok(())
         };
         write().map_err(|e| io_status("write", &tmp, e))?;
-        let dest = self.path(bucket, name);
         self.install_temporary(&tmp, &dest)?;
         Ok(Data::File(dest))
     }
@@ -589,6 +606,7 @@ impl Backend for DirectoryBackend {
     }
 
     fn save(&self, bucket: &str, state: &BucketState, touched: Touched<'_>) -> Result<(), Status> {
+        self.check_healthy()?;
         let (names, durable) = match touched {
             Touched::Names(names) => (Some(names), true),
             Touched::Grown(names) => (Some(names), false),
@@ -613,12 +631,18 @@ impl Backend for DirectoryBackend {
         };
         saved?;
         if durable {
-            if let Err(e) = self.sync_root() {
-                self.journals.give_up(bucket);
-                return Err(e);
-            }
+            self.sync_root()?;
         }
         Ok(())
+    }
+
+    fn check_healthy(&self) -> Result<(), Status> {
+        match &*lock_unpoisoned(&self.sync_failed) {
+            None => Ok(()),
+            Some(why) => Err(Status::internal(format!(
+                "{why}: what the disk holds is unknown, so no change is accepted until the emulator restarts"
+            ))),
+        }
     }
 
     fn stamp(&self, data: &Data) -> Option<Stamp> {

@@ -199,13 +199,6 @@ impl Journals {
         Ok(j.lines > FOLD_AT_LEAST.max(objects as u64))
     }
 
-    /// Never appends to `bucket`'s journal again, after a sync that may have left its
-    /// last lines off the disk: the caller's next change writes a snapshot, whose new epoch
-    /// leaves this journal stale, instead of building on bytes the kernel may have dropped.
-    pub(crate) fn give_up(&self, bucket: &str) {
-        self.lock().remove(bucket);
-    }
-
     /// The epoch of the snapshot on disk (0 when there is none).
     fn epoch_on_disk(&self, bucket: &str) -> u64 {
         #[derive(Deserialize)]
@@ -387,21 +380,5 @@ mod tests {
                 .expect("append");
         }
         assert!(fold);
-    }
-
-    #[test]
-    fn a_journal_given_up_after_a_failed_sync_asks_for_a_snapshot() {
-        let (dir, j) = journals();
-        j.snapshot("b", BTreeMap::<String, u32>::new(), &dir.path().join("tmp"))
-            .expect("snapshot");
-        let fold = j
-            .append("b", vec![("a".into(), Some(1u32))], 10)
-            .expect("append");
-        assert!(!fold, "a short journal is appended to");
-        j.give_up("b");
-        let fold = j
-            .append("b", vec![("b".into(), Some(2u32))], 10)
-            .expect("append");
-        assert!(fold, "the next change writes a snapshot instead");
     }
 }

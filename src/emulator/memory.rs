@@ -87,10 +87,6 @@ impl Backend for MemoryBackend {
         Ok(())
     }
 
-    fn new_appendable(&self, _bucket: &str, _name: &str) -> Result<Data, Status> {
-        Ok(Data::Mem(Arc::new(RwLock::new(Segments::default()))))
-    }
-
     fn materialize(
         &self,
         _bucket: &str,

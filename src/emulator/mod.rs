@@ -4,7 +4,8 @@
 //!
 //! Layout: `store` (the object model and API rules) over a backend (`memory` or
 //! `directory`) holding `content` (one generation's bytes); the RPCs in `read`
-//! (BidiReadObject), `write` (BidiWriteObject), `unary`, `listing` and `control`, wired to the
+//! (BidiReadObject), `write` (BidiWriteObject, with `write_burst` for an upload that comes in
+//! whole), `unary`, `listing` and `control`, wired to the
 //! generated traits in `service`; `faults`, `stats` and `wire` (shared call plumbing);
 //! `auth` (optional TLS and bearer-token check).
 
@@ -29,6 +30,7 @@ mod tree;
 mod unary;
 mod wire;
 mod write;
+mod write_burst;
 
 pub use auth::{Security, ServerTls};
 pub use faults::Faults;

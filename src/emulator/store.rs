@@ -112,8 +112,6 @@ pub(crate) trait Backend: Send + Sync {
     ) -> Result<bool, Status>;
     /// Makes room for a new bucket.
     fn create_bucket(&self, bucket: &str) -> Result<(), Status>;
-    /// Storage for a new empty generation of `name`, installed at once (replacing the old).
-    fn new_appendable(&self, bucket: &str, name: &str) -> Result<Data, Status>;
     /// Stores complete bytes as the new generation of `name` (replacing the old).
     fn materialize(
         &self,
@@ -134,7 +132,15 @@ pub(crate) trait Backend: Send + Sync {
     /// Where the bytes of `name` live after a folder rename.
     fn data_for(&self, bucket: &str, name: &str, old: &Data) -> Data;
     /// Writes the metadata of `bucket` durably: of the objects `touched` names, or of all.
+    /// What the calls above stored since the last `save` is made durable with it (the
+    /// directory backend syncs them all at once here), so a change is acknowledged only
+    /// after its `save`.
     fn save(&self, bucket: &str, state: &BucketState, touched: Touched<'_>) -> Result<(), Status>;
+    /// Refuses every change once the backend can no longer tell what its storage holds
+    /// (a failed disk sync); a restart reloads it.
+    fn check_healthy(&self) -> Result<(), Status> {
+        Ok(())
+    }
     /// How the stored bytes look now (size, mtime), if the backend can tell.
     fn stamp(&self, data: &Data) -> Option<Stamp>;
     /// What tells the stored bytes apart from bytes stored anew under the same name (a
@@ -248,6 +254,7 @@ impl Store {
         touched: Touched<'_>,
         f: impl FnOnce(&mut BucketState) -> Result<T, Status>,
     ) -> Result<T, Status> {
+        self.backend.check_healthy()?;
         let mut all = self.lock();
         let state = all
             .get_mut(bucket)
@@ -286,6 +293,7 @@ impl Store {
     /// Creates a bucket (no-op if it exists).
     pub fn create_bucket(&self, bucket: &str) -> Result<(), Status> {
         check_bucket_name(bucket)?;
+        self.backend.check_healthy()?;
         let mut all = self.lock();
         if !all.contains_key(bucket) {
             self.backend.create_bucket(bucket)?;
@@ -348,12 +356,9 @@ impl Store {
         self.mutate(bucket, Refresh::One(name), Touched::Names(&[name]), |b| {
             pre.check(live(b, name))?;
             check_not_folder(b, name)?;
-            let data = if len == 0 {
-                self.backend.new_appendable(bucket, name)?
-            } else {
-                self.backend
-                    .materialize(bucket, name, Arc::new(RwLock::new(initial)))?
-            };
+            let data = self
+                .backend
+                .materialize(bucket, name, Arc::new(RwLock::new(initial)))?;
             let file_id = self.backend.file_id(&data);
             let now = SystemTime::now();
             let token = self.next_token();
@@ -361,8 +366,11 @@ impl Store {
             (state.written, state.persisted) = (len, len);
             (state.crc, state.persisted_crc) = (crc, crc);
             let content = Content::new(self.next_generation(), data, state);
+            // Opened before the index changes, so that a writer that cannot open leaves it
+            // as it was.
+            let writer = content.open_writer(token)?;
             let entry = Entry {
-                content: content.clone(),
+                content,
                 metageneration: 1,
                 metadata,
                 create_time: now,
@@ -371,7 +379,7 @@ impl Store {
             };
             replace(b, name, entry.clone());
             add_parent_folders(b, name);
-            Ok((entry, content.open_writer(token)?))
+            Ok((entry, writer))
         })
     }
 

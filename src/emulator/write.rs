@@ -2,25 +2,25 @@
 //! the only kind a zonal bucket holds (any other upload is refused). Checks
 //! each chunk's CRC32C and the whole object's on finish, enforces one writer per object
 //! (fencing by write handle), and answers only the first message, every state_lookup, and
-//! once at close or finish. Touches the store and the stream's own state.
+//! once at close or finish. An upload that came in whole with its first message is stored in
+//! one step (`write_burst`). Touches the store and the stream's own state.
 
 use super::bucket_names::{bucket_path, parse_bucket};
-use super::content::{Content, ContentWriter, Data as StoredData, Segments, WriteState, MAX_CHUNK};
+use super::content::{Content, ContentWriter, Segments, MAX_CHUNK};
 use super::object_proto::to_proto;
 use super::preconditions::{preconditions_of, Preconditions};
 use super::stats::add;
 use super::store::{CustomMetadata, Entry};
 use super::wire::{decode_handle, encode_handle, header_routing_token, status_with_detail, Outbox};
+use super::write_burst::{whole_upload, Incoming};
 use super::Service;
 use crate::proto::storage::bidi_write_object_request::{Data, FirstMessage};
 use crate::proto::storage::bidi_write_object_response::WriteStatus;
 use crate::proto::storage::{
     BidiWriteHandle, BidiWriteObjectRedirectedError, BidiWriteObjectRequest,
-    BidiWriteObjectResponse, ChecksummedData, ObjectChecksums,
+    BidiWriteObjectResponse, ObjectChecksums,
 };
-use bytes::{Bytes, BytesMut};
-use futures::FutureExt;
-use std::collections::VecDeque;
+use bytes::Bytes;
 use std::time::Duration;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Request, Response, Status, Streaming};
@@ -67,7 +67,7 @@ impl Service {
         let faults = self.calls.faults.get();
         let creates = matches!(first.first_message, Some(FirstMessage::WriteObjectSpec(_)));
         let stalls = faults.stall_new_write_after_bytes.is_some() && creates;
-        let mut incoming = Incoming::new(first.clone(), stream);
+        let mut incoming = Incoming::new(first, stream);
         // The faults that act on each message as it comes keep the stream message by message.
         let whole_at_once = creates
             && faults.cut_write_after_bytes.is_none()
@@ -76,6 +76,7 @@ impl Service {
         if whole_at_once {
             incoming.take_in_what_came();
         }
+        let first = incoming.first();
         let (bucket, name, target) = match &first.first_message {
             Some(FirstMessage::WriteObjectSpec(spec)) => {
                 let resource = spec.resource.as_ref().ok_or_else(|| {
@@ -101,24 +102,10 @@ impl Service {
                     .iter()
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect();
-                if let Some(up) = whole_upload(&incoming).filter(|_| whole_at_once) {
-                    add(&self.calls.stats.whole_uploads, 1);
-                    add(&self.calls.stats.bytes_received, up.bytes.len() as u64);
-                    let segs = Segments::from_bytes(up.bytes);
-                    let name = &resource.name;
-                    let answers = if up.finished {
-                        let entry = self.store.put(&bucket, name, segs, pre, metadata)?;
-                        whole_answers(&bucket, name, &entry, 0, &[])
-                    } else {
-                        let (entry, w) =
-                            self.store
-                                .create_appendable(&bucket, name, pre, metadata, segs)?;
-                        let size = persisted_response(&entry.content);
-                        let sizes = [size.clone(), size];
-                        let sizes = &sizes[usize::from(!up.looked_up)..];
-                        whole_answers(&bucket, name, &entry, w.token, sizes)
-                    };
-                    return Ok(self.answer(answers).await);
+                if let Some(up) = whole_at_once.then(|| whole_upload(&incoming)).flatten() {
+                    return self
+                        .store_whole(&bucket, &resource.name, up, pre, metadata)
+                        .await;
                 }
                 let (entry, writer) = self.store.create_appendable(
                     &bucket,
@@ -198,16 +185,6 @@ impl Service {
         Ok(Response::new(stream))
     }
 
-    /// A response stream that carries `answers` and ends.
-    async fn answer(&self, answers: Vec<BidiWriteObjectResponse>) -> Response<WriteStream> {
-        let (out, stream) = Outbox::new(self.calls.faults.latency());
-        for resp in answers {
-            // The queue holds them all: none waits for the client.
-            out.send(Ok(resp)).await;
-        }
-        Response::new(stream)
-    }
-
     /// The `refuse_replace_unfinalized` fault: refuses (FAILED_PRECONDITION) a write or move
     /// onto `name` while its live object is unfinalized.
     pub(crate) fn refuse_replacing_unfinalized(
@@ -246,7 +223,7 @@ impl Service {
     }
 }
 
-fn write_handle(content: &Content, token: u64) -> Bytes {
+pub(super) fn write_handle(content: &Content, token: u64) -> Bytes {
     encode_handle(WRITE_HANDLE_TAG, &[content.generation as u64, token])
 }
 
@@ -433,145 +410,8 @@ impl Session {
     }
 }
 
-/// A write stream's messages: those taken in already, then the rest as they come.
-struct Incoming {
-    queued: VecDeque<BidiWriteObjectRequest>,
-    /// How the stream ended while its messages were taken in: after the queued ones.
-    end: Option<Result<(), Status>>,
-    stream: Streaming<BidiWriteObjectRequest>,
-}
-
-impl Incoming {
-    fn new(first: BidiWriteObjectRequest, stream: Streaming<BidiWriteObjectRequest>) -> Incoming {
-        Incoming {
-            queued: VecDeque::from([first]),
-            end: None,
-            stream,
-        }
-    }
-
-    /// Queues the messages that came in already, up to a finish: a small object's whole
-    /// upload (create, bytes, finish) comes in one piece, and is stored in one step.
-    fn take_in_what_came(&mut self) {
-        while self.end.is_none() && self.queued.back().is_some_and(|m| !m.finish_write) {
-            match self.stream.message().now_or_never() {
-                None => break,
-                Some(Ok(Some(m))) => self.queued.push_back(m),
-                Some(Ok(None)) => self.end = Some(Ok(())),
-                Some(Err(e)) => self.end = Some(Err(e)),
-            }
-        }
-    }
-
-    /// The next message; `None` once the client half-closed the stream.
-    async fn next(&mut self) -> Result<Option<BidiWriteObjectRequest>, Status> {
-        if let Some(m) = self.queued.pop_front() {
-            return Ok(Some(m));
-        }
-        match &self.end {
-            Some(end) => end.clone().map(|()| None),
-            None => self.stream.message().await,
-        }
-    }
-}
-
-/// A whole upload taken in at once: its bytes, and how it ended.
-struct WholeUpload {
-    bytes: Bytes,
-    /// With finish_write; else half-closed, the object left appendable.
-    finished: bool,
-    /// The last message asked for the persisted size (a half-closed upload's).
-    looked_up: bool,
-}
-
-/// The upload `incoming` holds whole, from its first message at offset 0 to a finish or the
-/// half-close, every chunk and the whole matching the CRC32C they came with; `None` for
-/// anything else, which the session serves message by message (and refuses where it should).
-fn whole_upload(incoming: &Incoming) -> Option<WholeUpload> {
-    let queued = &incoming.queued;
-    let last = queued.back()?;
-    let finished = last.finish_write;
-    if !finished && !matches!(incoming.end, Some(Ok(()))) {
-        return None;
-    }
-    let mut len = 0u64;
-    for (i, m) in queued.iter().enumerate() {
-        // Only the half-close's own message may ask for the size: it is answered after.
-        let lookup_answered = !finished && i + 1 == queued.len();
-        if m.write_offset != len as i64 || m.state_lookup && !lookup_answered {
-            return None;
-        }
-        if let Some(d) = chunk(m) {
-            if d.content.len() > MAX_CHUNK {
-                return None;
-            }
-            len += d.content.len() as u64;
-        }
-    }
-    let mut crc = 0;
-    let mut bytes = BytesMut::with_capacity(len as usize);
-    for d in queued.iter().filter_map(chunk) {
-        let actual = crate::gcs::crc32c(&d.content);
-        if d.crc32c.is_some_and(|c| c != actual) {
-            return None;
-        }
-        crc = crate::gcs::crc32c_concat(crc, bytes.len() as u64, actual, d.content.len());
-        // One copy: the chunks are slices of receive buffers they would keep alive.
-        bytes.extend_from_slice(&d.content);
-    }
-    let expected = last.object_checksums.as_ref().and_then(|c| c.crc32c);
-    if finished && expected.is_some_and(|c| c != crc) {
-        return None;
-    }
-    Some(WholeUpload {
-        bytes: bytes.freeze(),
-        finished,
-        looked_up: last.state_lookup && !finished,
-    })
-}
-
-/// What a session answers an upload that `entry` now holds whole: the first message with
-/// the new, empty object and a write handle (`token`'s), then `sizes` for the lookups and the
-/// half-close of an upload left appendable, or the finalized object for a finish.
-fn whole_answers(
-    bucket: &str,
-    name: &str,
-    entry: &Entry,
-    token: u64,
-    sizes: &[BidiWriteObjectResponse],
-) -> Vec<BidiWriteObjectResponse> {
-    let created = Entry {
-        content: Content::new(
-            entry.content.generation,
-            StoredData::Mem(Default::default()),
-            WriteState::appendable(token, entry.create_time),
-        ),
-        ..entry.clone()
-    };
-    let resource = |e: &Entry, handle: Option<Bytes>| BidiWriteObjectResponse {
-        write_status: Some(WriteStatus::Resource(to_proto(bucket, name, e))),
-        write_handle: handle.map(|handle| BidiWriteHandle { handle }),
-        persisted_data_checksums: None,
-    };
-    let mut answers = vec![resource(
-        &created,
-        Some(write_handle(&entry.content, token)),
-    )];
-    if entry.content.state().finalized.is_some() {
-        answers.push(resource(entry, None));
-    } else {
-        answers.extend_from_slice(sizes);
-    }
-    answers
-}
-
-/// The bytes a message carries, if any.
-fn chunk(m: &BidiWriteObjectRequest) -> Option<&ChecksummedData> {
-    m.data.as_ref().map(|Data::ChecksummedData(d)| d)
-}
-
 /// The persisted size of an appendable object with the CRC32C of those bytes.
-fn persisted_response(content: &Content) -> BidiWriteObjectResponse {
+pub(super) fn persisted_response(content: &Content) -> BidiWriteObjectResponse {
     let (size, crc) = {
         let st = content.state();
         (st.persisted, st.persisted_crc)
