@@ -122,6 +122,10 @@ pub(crate) struct WriteState {
     pub update_time: SystemTime,
     /// Deleted or replaced: writers fail, new readers cannot find it.
     pub gone: bool,
+    /// A sync of its file failed. The kernel reports a lost write once, so a later sync
+    /// would pass over bytes that never reached the disk: none past `persisted` counts as
+    /// persisted from then on.
+    pub sync_failed: bool,
 }
 
 impl WriteState {
@@ -137,6 +141,7 @@ impl WriteState {
             finalized: Some(now),
             update_time: now,
             gone: false,
+            sync_failed: false,
         }
     }
 
@@ -152,6 +157,7 @@ impl WriteState {
             finalized: None,
             update_time: now,
             gone: false,
+            sync_failed: false,
         }
     }
 }
@@ -373,8 +379,18 @@ impl ContentWriter {
             return Ok(false);
         }
         if let (Some(file), Data::File(path)) = (&self.file, &self.content.data) {
-            file.sync_data()
-                .map_err(|e| Status::internal(format!("fsync {}: {e}", path.display())))?;
+            let failed = |why: &dyn std::fmt::Display| {
+                Status::internal(format!("fsync {}: {why}", path.display()))
+            };
+            if self.content.state().sync_failed {
+                return Err(failed(
+                    &"an earlier sync failed, and what it lost is unknown",
+                ));
+            }
+            if let Err(e) = file.sync_data() {
+                self.content.state().sync_failed = true;
+                return Err(failed(&e));
+            }
         }
         let mut st = self.content.state();
         let moved = st.persisted != st.written;

@@ -6,11 +6,11 @@
 //! lives under `ROOT/.rapidfs-emulator/buckets/`: a snapshot and a journal of the changes
 //! since (see `journal.rs`), durable before the change is acknowledged, so it survives a
 //! restart, at O(1) cost a change. A change's files, renames and journal line are made
-//! durable together by one `syncfs(2)` (`sync_root`). An unfinalized object's persisted size is its file's
-//! length: a flush syncs the file and journals the new size without a sync of its own,
-//! and loading extends a record the journal lost to the file. New generations are written
-//! beside the tree and renamed into place, so readers of the old one keep their bytes.
-//! Touches only files under the root.
+//! durable together by one `syncfs(2)` (`sync_root`). An unfinalized object's persisted
+//! size is its file's length: a flush syncs the file and journals the new size without a
+//! sync of its own, and loading extends a record the journal lost to the file. New
+//! generations are written beside the tree and renamed into place, so readers of the old
+//! one keep their bytes. Touches only files under the root.
 
 use super::content::{Content, Data, Segments, WriteState};
 use super::journal::Journals;
@@ -371,13 +371,11 @@ impl Backend for DirectoryBackend {
                 // A file other than the unfinalized object's own was installed under its
                 // name by a put whose record a crash lost: its bytes are not this object's.
                 // A root copied or restored elsewhere gives every file a new inode number,
-                // so a file that still begins with the object's bytes is kept; every file
-                // begins with an empty object's, so one with bytes is new.
+                // so a file that still begins with the object's bytes is kept.
                 let replaced = unfinalized
                     && rec.file_id.is_some_and(|f| f != meta.ino())
                     && meta.len() >= rec.size
-                    && (rec.size == 0 && meta.len() > 0
-                        || !begins_with(&path, rec.size, rec.crc32c));
+                    && !begins_with(&path, rec.size, rec.crc32c);
                 if replaced {
                     tracing::warn!(path = %path.display(), "an unfinalized object's file was replaced by other bytes; they are served as a new object");
                 }
@@ -548,7 +546,8 @@ impl Backend for DirectoryBackend {
         // crash in between would leave the name with neither version, and the old one may
         // be acknowledged. A new name risks no acknowledged object (a crash can leave it
         // empty, found as a new object), so its bytes wait for the change's one sync.
-        let replaces = fs::symlink_metadata(&dest).is_ok();
+        let replaces =
+            !matches!(fs::symlink_metadata(&dest), Err(e) if e.kind() == io::ErrorKind::NotFound);
         let write = || -> io::Result<()> {
             let mut f = File::create(&tmp)?;
             let segs = match segs.read() {

@@ -228,6 +228,12 @@ impl Store {
     }
 
     /// Runs `f` on the bucket's state, refreshed for `prefix` (or one object) first.
+    /// Refuses a change once the backend can no longer tell what its storage holds: a
+    /// writer checks before its bytes or its finish count as stored.
+    pub fn check_healthy(&self) -> Result<(), Status> {
+        self.backend.check_healthy()
+    }
+
     fn with_bucket<T>(
         &self,
         bucket: &str,
@@ -254,8 +260,9 @@ impl Store {
         touched: Touched<'_>,
         f: impl FnOnce(&mut BucketState) -> Result<T, Status>,
     ) -> Result<T, Status> {
-        self.backend.check_healthy()?;
         let mut all = self.lock();
+        // Under the lock: a sync fails only inside a `save`, which holds it too.
+        self.backend.check_healthy()?;
         let state = all
             .get_mut(bucket)
             .ok_or_else(|| Status::not_found(format!("bucket {bucket:?} does not exist")))?;
@@ -293,8 +300,8 @@ impl Store {
     /// Creates a bucket (no-op if it exists).
     pub fn create_bucket(&self, bucket: &str) -> Result<(), Status> {
         check_bucket_name(bucket)?;
-        self.backend.check_healthy()?;
         let mut all = self.lock();
+        self.backend.check_healthy()?;
         if !all.contains_key(bucket) {
             self.backend.create_bucket(bucket)?;
             let state = BucketState::new(SystemTime::now());
@@ -432,6 +439,7 @@ impl Store {
         pre: Preconditions,
     ) -> Result<(Entry, ContentWriter), Status> {
         self.check_name(name)?;
+        self.check_healthy()?;
         self.with_bucket(bucket, Refresh::One(name), |b| {
             let e = b.objects.get(name).ok_or_else(|| not_found(bucket, name))?;
             if e.content.generation != generation {

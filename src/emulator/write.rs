@@ -320,6 +320,7 @@ impl Session {
     /// Makes the bytes written durable and, when that grew the object, records its new
     /// size without a sync of its own (see `Store::grown`).
     fn sync(&self, writer: &mut ContentWriter) -> Result<(), Status> {
+        self.service.store.check_healthy()?;
         if writer.sync()? {
             self.service.store.grown(&self.bucket, &self.name)?;
         }
@@ -379,6 +380,7 @@ impl Session {
             writer.append(offset, d.content, d.crc32c)?;
         }
         if m.finish_write {
+            self.service.store.check_healthy()?;
             writer.finalize(expected_crc)?;
             self.service
                 .store

@@ -50,8 +50,8 @@ impl Incoming {
         &self.queued[0]
     }
 
-    /// Queues the messages that came in already (never waits), up to a finish or
-    /// `WHOLE_AT_MOST` bytes of payload.
+    /// Queues the messages that came in already (never waits), up to a finish, or until
+    /// their payload passes `WHOLE_AT_MOST` (the message that passes it is queued too).
     pub fn take_in_what_came(&mut self) {
         let mut payload: usize = self
             .queued
