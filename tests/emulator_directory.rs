@@ -8,6 +8,7 @@ mod emulator_support;
 use bytes::Bytes;
 use emulator_support::*;
 use rapidfs::proto::control::{CreateFolderRequest, DeleteFolderRequest, RenameFolderRequest};
+use rapidfs::proto::storage::storage_client::StorageClient;
 use rapidfs::proto::storage::{
     DeleteObjectRequest, GetObjectRequest, ListObjectsRequest, MoveObjectRequest, Object,
 };
@@ -601,6 +602,17 @@ async fn a_killed_emulator_keeps_every_acknowledged_object() {
         let meta = w.finalize().await.unwrap();
         sizes.push((name, meta.size, meta.generation));
     }
+    // Small files as a mount uploads them, each whole in one piece (stored in one step).
+    let mut raw = StorageClient::connect(emu.endpoint.clone()).await.unwrap();
+    let mut whole = Vec::new();
+    for i in 0..100usize {
+        let name = format!("small/f-{i:03}");
+        let data = pattern(2000 + i, i as u8);
+        let msgs = whole_upload_msgs("b", &name, &data, i % 2 == 0);
+        let answers = upload_at_once(&mut raw, "b", msgs).await.unwrap();
+        let generation = resource_of(&answers[0]).0.generation;
+        whole.push((name, data, generation, i % 2 == 0));
+    }
     let mut open = c.create_appendable("b", "log", Some(0)).await.unwrap();
     open.append(pattern(3 << 20, 9)).await.unwrap();
     assert_eq!(open.flush().await.unwrap(), 3 << 20);
@@ -622,6 +634,16 @@ async fn a_killed_emulator_keeps_every_acknowledged_object() {
             (*size, *generation, true),
             "{name}"
         );
+    }
+    let mut raw = StorageClient::connect(emu.endpoint.clone()).await.unwrap();
+    for (name, data, generation, finished) in &whole {
+        let m = c.get_object("b", name).await.unwrap();
+        assert_eq!(
+            (m.size, m.generation, m.finalized),
+            (data.len() as u64, *generation, *finished),
+            "{name}"
+        );
+        assert_eq!(read_all(&mut raw, "b", name).await, data[..], "{name}");
     }
     let log = c.get_object("b", "log").await.unwrap();
     assert_eq!((log.size, log.finalized), (3 << 20, false));
