@@ -5,8 +5,9 @@
 //! fsync or close (`gcs::Client::upload_file`).
 //!
 //! The directory comes from `write.staging_dir` and is created mode 0700 at first use; each
-//! staged file is unlinked as soon as it is created, so nothing is left behind by a crash and
-//! no two mounts can collide on names. Every staged file counts its largest size against one
+//! staged file is unlinked as soon as it is created, so nothing is left behind by a crash,
+//! and named by the process and a process-wide count, so that no two mounts collide on a
+//! name (the GKE sidecar serves several in one process; a name taken anyway is skipped). Every staged file counts its largest size against one
 //! limit (`write.staging_limit_mb`, holes included, so the limit also bounds the disk it may
 //! take); a write that would pass it fails with ENOSPC.
 //!
@@ -23,6 +24,9 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+/// The number in the next staged file's name, for every staging area of the process.
+static NEXT_NAME: AtomicU64 = AtomicU64::new(0);
+
 /// Out of staging space.
 pub const ENOSPC: Errno = Errno(libc::ENOSPC);
 
@@ -36,7 +40,6 @@ struct Shared {
     limit: u64,
     /// Bytes of the limit held by live staged files.
     used: Mutex<u64>,
-    counter: AtomicU64,
     /// Created at first use (so a mount that never stages never touches the disk).
     ready: OnceLock<Result<(), String>>,
 }
@@ -67,7 +70,6 @@ impl Staging {
                 dir,
                 limit: cfg.staging_limit_mb.saturating_mul(1024 * 1024),
                 used: Mutex::new(0),
-                counter: AtomicU64::new(0),
                 ready: OnceLock::new(),
             }),
         }
@@ -87,18 +89,25 @@ impl Staging {
             tracing::error!(dir = %s.dir.display(), error = %e, "cannot create the staging directory");
             return Err(Errno::EIO);
         }
-        let n = s.counter.fetch_add(1, Ordering::Relaxed);
-        let path = s.dir.join(format!("stage-{}-{n}", std::process::id()));
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .and_then(|f| std::fs::remove_file(&path).map(|()| f))
-            .map_err(|e| {
-                tracing::error!(path = %path.display(), error = %e, "cannot create a staging file");
-                Errno::EIO
-            })?;
+        let file = loop {
+            let n = NEXT_NAME.fetch_add(1, Ordering::Relaxed);
+            let path = s.dir.join(format!("stage-{}-{n}", std::process::id()));
+            let created = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(&path)
+                .and_then(|f| std::fs::remove_file(&path).map(|()| f));
+            match created {
+                Ok(f) => break f,
+                // Left by a crashed process of the same id between its create and unlink.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => {
+                    tracing::error!(path = %path.display(), error = %e, "cannot create a staging file");
+                    return Err(Errno::EIO);
+                }
+            }
+        };
         Ok(StagedFile {
             file: Arc::new(file),
             size: 0,
@@ -272,5 +281,29 @@ fn local_err(path: &str, e: &std::io::Error) -> Errno {
 impl Drop for StagedFile {
     fn drop(&mut self) {
         self.shrink(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_staging_areas_of_one_process_never_collide_on_a_name() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cfg = WriteConfig {
+            staging_dir: dir.path().to_string_lossy().into_owned(),
+            ..WriteConfig::default()
+        };
+        // Names another area of this process could hold at this moment (between its
+        // create and its unlink), or a crashed process of the same id left behind.
+        for n in 0..16 {
+            let taken = dir.path().join(format!("stage-{}-{n}", std::process::id()));
+            std::fs::write(taken, b"").expect("leftover");
+        }
+        let (a, b) = (Staging::new(&cfg), Staging::new(&cfg));
+        for area in [&a, &b, &a, &b] {
+            area.create().expect("a staged file");
+        }
     }
 }
