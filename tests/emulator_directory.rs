@@ -271,24 +271,21 @@ async fn uploads_stored_at_once_survive_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir(dir.path().join("b")).unwrap();
     let (open, done) = (pattern(3_000, 1), pattern(2_000, 2));
-    let mut generations = Vec::new();
+    let mut stored = Vec::new();
     {
         let emu = directory(dir.path()).await;
         let mut c = client(&emu).await;
-        for (name, data, finish) in [("d/open", &open, false), ("d/done", &done, true)] {
-            let msgs = whole_upload_msgs("b", name, data, finish);
-            let answers = upload_at_once(&mut c, "b", msgs).await.unwrap();
-            generations.push(resource_of(&answers[0]).0.generation);
+        for (base, data, finish) in [("d/open", &open, false), ("d/done", &done, true)] {
+            let (name, answers) = upload_taken_whole(&emu, &mut c, base, data, finish).await;
+            let generation = resource_of(&answers[0]).0.generation;
+            stored.push((name, data, finish, generation));
         }
-        assert_eq!(emu.stats().whole_uploads, 2, "both taken in at once");
         emu.shutdown().await;
     }
     let emu = directory(dir.path()).await;
     let mut c = client(&emu).await;
-    for ((name, data, finalized), generation) in [("d/open", &open, false), ("d/done", &done, true)]
-        .into_iter()
-        .zip(generations)
-    {
+    for (name, data, finalized, generation) in &stored {
+        let (name, finalized, generation) = (name.as_str(), *finalized, *generation);
         let o = get(&mut c, "b", name).await.unwrap();
         assert_eq!(
             (o.generation, o.size),

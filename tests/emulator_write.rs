@@ -347,16 +347,13 @@ async fn a_reader_follows_an_unfinalized_object_as_it_grows() {
 
 /// A small file's upload comes in one piece (the create with the first bytes, the rest with
 /// a flush and lookup, the half-close): it is stored in one step, answered as a stream read
-/// message by message is, and left appendable for its writer's handle. (A few KiB arrive in
-/// one read of the socket; a bigger upload may be read in pieces, and is then streamed.)
+/// message by message is, and left appendable for its writer's handle.
 #[tokio::test]
 async fn an_upload_that_comes_whole_is_stored_at_once_and_answered_as_streamed() {
     let emu = memory().await;
     let mut c = client(&emu).await;
     let data = pattern(3_000, 4);
-    let msgs = whole_upload_msgs("b", "small", &data, false);
-    let answers = upload_at_once(&mut c, "b", msgs).await.unwrap();
-    assert_eq!(emu.stats().whole_uploads, 1, "taken in at once");
+    let (name, answers) = upload_taken_whole(&emu, &mut c, "small", &data, false).await;
     assert_eq!(answers.len(), 3, "create, lookup, half-close: {answers:?}");
     let (created, handle) = resource_of(&answers[0]);
     assert_eq!((created.size, created.finalize_time), (0, None));
@@ -365,8 +362,8 @@ async fn an_upload_that_comes_whole_is_stored_at_once_and_answered_as_streamed()
         let crc = a.persisted_data_checksums.as_ref().unwrap().crc32c;
         assert_eq!(crc, Some(crc32c::crc32c(&data)));
     }
-    assert_eq!(read_all(&mut c, "b", "small").await, data[..]);
-    let first = append_msg("b", "small", created.generation, Some(handle), 3_000);
+    assert_eq!(read_all(&mut c, "b", &name).await, data[..]);
+    let first = append_msg("b", &name, created.generation, Some(handle), 3_000);
     let mut w = open_write(&mut c, "b", first, true).await.unwrap();
     assert_eq!(resource_of(w.first.as_ref().unwrap()).0.size, 3_000);
     let more = pattern(1000, 5);
@@ -376,7 +373,7 @@ async fn an_upload_that_comes_whole_is_stored_at_once_and_answered_as_streamed()
         .await
         .unwrap();
     assert_eq!(persisted_of(&next(&mut w).await.unwrap().unwrap()), 4_000);
-    assert_eq!(read_all(&mut c, "b", "small").await, whole);
+    assert_eq!(read_all(&mut c, "b", &name).await, whole);
 }
 
 /// An upload finished in the piece it came in is stored finalized in one step; its first
@@ -386,9 +383,7 @@ async fn an_upload_finished_in_the_piece_it_came_in_is_stored_final_at_once() {
     let emu = memory().await;
     let mut c = client(&emu).await;
     let data = pattern(2_000, 6);
-    let msgs = whole_upload_msgs("b", "done", &data, true);
-    let answers = upload_at_once(&mut c, "b", msgs).await.unwrap();
-    assert_eq!(emu.stats().whole_uploads, 1, "taken in at once");
+    let (name, answers) = upload_taken_whole(&emu, &mut c, "done", &data, true).await;
     assert_eq!(answers.len(), 2, "create, finish: {answers:?}");
     let (created, _) = resource_of(&answers[0]);
     assert_eq!((created.size, created.finalize_time), (0, None));
@@ -399,9 +394,9 @@ async fn an_upload_finished_in_the_piece_it_came_in_is_stored_final_at_once() {
     assert_eq!((done.generation, done.size), (created.generation, 2_000));
     assert!(done.finalize_time.is_some());
     assert_eq!(done.checksums.unwrap().crc32c, Some(crc32c::crc32c(&data)));
-    assert_eq!(read_all(&mut c, "b", "done").await, data[..]);
+    assert_eq!(read_all(&mut c, "b", &name).await, data[..]);
     // Its preconditions hold as a streamed create's do.
-    let again = whole_upload_msgs("b", "done", &data, true);
+    let again = whole_upload_msgs("b", &name, &data, true);
     let refused = upload_at_once(&mut c, "b", again).await.unwrap_err();
     assert_eq!(refused.code(), Code::FailedPrecondition);
 }

@@ -268,6 +268,29 @@ pub async fn upload_at_once(
     Ok(out)
 }
 
+/// `upload_at_once` of `data` (`whole_upload_msgs`) to `BASE-0`, `BASE-1`, ... until the
+/// emulator stores one in one step (its `whole_uploads` counter moves): whether the last
+/// message has come in when the first is read depends on the machine's load. Returns the
+/// name it took and its answers; fails after five streamed ones.
+pub async fn upload_taken_whole(
+    emu: &Emulator,
+    c: &mut StorageClient<Channel>,
+    base: &str,
+    data: &Bytes,
+    finish: bool,
+) -> (String, Vec<BidiWriteObjectResponse>) {
+    for k in 0..5 {
+        let name = format!("{base}-{k}");
+        let before = emu.stats().whole_uploads;
+        let msgs = whole_upload_msgs("b", &name, data, finish);
+        let answers = upload_at_once(c, "b", msgs).await.unwrap();
+        if emu.stats().whole_uploads > before {
+            return (name, answers);
+        }
+    }
+    panic!("none of five uploads of {base} was taken in whole");
+}
+
 /// The messages of an upload of `data` to a new object `name`, sent whole: the create
 /// carrying the first bytes, the rest with a flush and lookup, and a finish if `finish`.
 pub fn whole_upload_msgs(
