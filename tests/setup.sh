@@ -7,6 +7,7 @@ command -v bindfs >/dev/null || need_apt+=(bindfs)
 command -v systemd-analyze >/dev/null || need_apt+=(systemd)
 command -v openssl >/dev/null || need_apt+=(openssl)
 command -v rsync >/dev/null || need_apt+=(rsync)
+command -v git >/dev/null || need_apt+=(git)
 [ -f /etc/ssl/certs/ca-certificates.crt ] || need_apt+=(ca-certificates)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing ${need_apt[*]}" >&2
