@@ -506,6 +506,23 @@ mod tests {
         assert_eq!(socket_in(&dirs, "other.sock"), None);
     }
 
+    /// A daemon killed with SIGKILL leaves its socket file behind: the next mount on the same
+    /// mountpoint (systemd's restart) takes the path over, while a live one keeps it.
+    #[tokio::test]
+    async fn a_dead_daemon_s_socket_is_taken_over_and_a_live_one_s_is_refused() {
+        let base = tempfile::tempdir().expect("tempdir");
+        let path = base.path().join("rapidfs").join("mnt.sock");
+        drop(bind(&path).expect("first bind"));
+        assert!(
+            path.exists(),
+            "a dropped listener leaves its file, as a killed daemon does"
+        );
+        let live = bind(&path).expect("a dead socket's path is taken over");
+        let refused = bind(&path).expect_err("a live socket's path is not");
+        assert_eq!(refused.kind(), io::ErrorKind::AddrInUse);
+        drop(live);
+    }
+
     #[test]
     fn paths_are_made_relative_to_the_mount() {
         let m = Path::new("/mnt/data");

@@ -1,7 +1,8 @@
 //! The `rapidfs` binary as its own process: mounted in the foreground on a directory, ready
 //! once the kernel lists the mount, and killed with SIGKILL (the mount detached after), for
 //! the tests that crash the daemon and check what the bucket kept. A test that fails before
-//! it ends its daemon leaves neither the process nor the mount behind.
+//! it ends its daemon leaves neither the process nor the mount behind, and a killed daemon's
+//! control socket, which only a clean exit removes, goes with it.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -44,6 +45,7 @@ impl Drop for Daemon {
             let _ = child.kill();
             let _ = child.wait();
             let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+            let _ = std::fs::remove_file(rapidfs::control::socket_path(&self.mnt));
         }
     }
 }
@@ -83,4 +85,5 @@ pub fn kill(mut d: Daemon) {
         .status()
         .expect("umount runs");
     assert!(st.success(), "umount -l {}", d.mnt.display());
+    let _ = std::fs::remove_file(rapidfs::control::socket_path(&d.mnt));
 }
