@@ -509,7 +509,7 @@ mod tests {
     /// A daemon killed with SIGKILL leaves its socket file behind: the next mount on the same
     /// mountpoint (systemd's restart) takes the path over, while a live one keeps it.
     #[tokio::test]
-    async fn a_dead_daemon_s_socket_is_taken_over_and_a_live_one_s_is_refused() {
+    async fn bind_takes_over_a_dead_socket_and_refuses_a_live_one() {
         let base = tempfile::tempdir().expect("tempdir");
         let path = base.path().join("rapidfs").join("mnt.sock");
         drop(bind(&path).expect("first bind"));
@@ -517,10 +517,10 @@ mod tests {
             path.exists(),
             "a dropped listener leaves its file, as a killed daemon does"
         );
-        let live = bind(&path).expect("a dead socket's path is taken over");
+        let _live = bind(&path).expect("a dead socket's path is taken over");
         let refused = bind(&path).expect_err("a live socket's path is not");
         assert_eq!(refused.kind(), io::ErrorKind::AddrInUse);
-        drop(live);
+        std::os::unix::net::UnixStream::connect(&path).expect("the live socket is left in place");
     }
 
     #[test]

@@ -19,19 +19,18 @@ use std::process::{Child, Command, Stdio};
 
 const BUCKET: &str = "tools";
 
-/// Runs `script` with the mount in `$MNT` and `vars` in the environment; it must end by
-/// printing "ok". Returns what it printed before that.
-fn python(script: &str, mnt: &Path, vars: &[(&str, &str)]) -> String {
+/// Runs `script` with the mount in `$MNT` and `vars` in the environment; its last line
+/// printed must be "ok".
+fn python(script: &str, mnt: &Path, vars: &[(&str, &str)]) {
     let out = python_command(script, mnt, vars)
         .output()
         .expect("python runs");
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
-        out.status.success() && stdout.trim_end().ends_with("ok"),
+        out.status.success() && stdout.lines().last() == Some("ok"),
         "python failed: {stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    stdout.trim_end().trim_end_matches("ok").trim().to_string()
 }
 
 /// Starts `script` as `python` does and returns once it has printed the line "ok", with
@@ -49,26 +48,34 @@ fn python_left_running(script: &str, mnt: &Path, vars: &[(&str, &str)]) -> (Chil
         match lines.next() {
             Some(Ok(line)) if line == "ok" => return (child, printed.join("\n")),
             Some(Ok(line)) => printed.push(line),
-            _ => {
+            ended => {
+                // Its stdin closed and the process killed, so that a script that failed
+                // some other way than by exiting cannot hold the test for ever.
+                drop(child.stdin.take());
+                let _ = child.kill();
                 let status = child.wait().expect("wait");
-                panic!("python ended ({status}) before printing ok: {printed:?}");
+                panic!("python ended ({status}, {ended:?}) before printing ok: {printed:?}");
             }
         }
     }
 }
 
+/// The interpreter running `script`. Isolated (`-I`) from the caller's environment: a
+/// `PYTHONOPTIMIZE` there would strip every `assert` the scripts check with.
 fn python_command(script: &str, mnt: &Path, vars: &[(&str, &str)]) -> Command {
     let python = std::env::var("RAPIDFS_PYTHON").unwrap_or_else(|_| {
         panic!("RAPIDFS_PYTHON is not set: run `source tests/setup.sh` (tests/run.sh does)")
     });
     let mut cmd = Command::new(python);
-    cmd.args(["-c", script])
+    cmd.args(["-I", "-c", script])
         .env("MNT", mnt)
         .envs(vars.iter().copied());
     cmd
 }
 
 /// `git ARGS` in `dir` with no user or system configuration; must succeed. Returns stdout.
+/// The identity, the branch name and `safe.directory` are set here because a clean machine
+/// has none of them configured, and the mount's files are not owned by whoever runs tests.
 fn git(dir: &Path, args: &[&str]) -> String {
     let out = Command::new("git")
         .args([
@@ -97,7 +104,9 @@ fn git(dir: &Path, args: &[&str]) -> String {
 }
 
 /// What a tool left behind: what it printed, and its process if it still runs (holding its
-/// files open), to be killed with the daemon as a crash of the machine would.
+/// files open), to be killed with the daemon as a crash of the machine would. Its stdin is a
+/// pipe of this test's: should the test fail before the kill, the pipe's end at the drop
+/// ends the process too.
 struct Left {
     printed: String,
     running: Option<Child>,
@@ -177,7 +186,8 @@ fn a_git_repository_committed_twice_is_whole_after_a_daemon_kill() {
 
 /// Commits to a database in `$MODE` (delete = the rollback journal, or wal), prints the
 /// SHA-256 of the committed rows, and waits with the database open and a last transaction
-/// begun and never committed: each commit's fsync is all that makes it durable.
+/// begun and never committed. Each commit is durable by its fsyncs alone, and in rollback
+/// mode by the unlink of its journal too (the commit point, which SQLite does not sync).
 const SQLITE_WRITE: &str = r#"
 import hashlib, os, random, sqlite3, sys
 db = sqlite3.connect(os.path.join(os.environ["MNT"], "app.db"), isolation_level=None)
@@ -208,21 +218,28 @@ print("ok", flush=True)
 sys.stdin.read()
 "#;
 
-/// Opens the database left by SQLITE_WRITE (in WAL mode, still with its WAL: the commits are
-/// recovered from it) and checks it against the SHA-256 in `$WANT`.
+/// Opens the database left by SQLITE_WRITE and checks it against the SHA-256 in `$WANT`. In
+/// WAL mode it first shows that the database file alone (copied without its WAL) lacks
+/// commits, so that the WAL, and its recovery, are part of what survived.
 const SQLITE_CHECK: &str = r#"
-import hashlib, os, sqlite3
+import hashlib, os, shutil, sqlite3, tempfile
 path = os.path.join(os.environ["MNT"], "app.db")
-assert os.environ["MODE"] != "wal" or os.path.getsize(path + "-wal") > 0
-db = sqlite3.connect(path)
-assert db.execute("pragma integrity_check").fetchone()[0] == "ok"
-rows = sorted(db.execute("select k, v from t"))
-got = hashlib.sha256(repr(rows).encode()).hexdigest()
-assert got == os.environ["WANT"], (len(rows), got)
-db.close()
+def digest(p):
+    db = sqlite3.connect(p)
+    assert db.execute("pragma integrity_check").fetchone()[0] == "ok"
+    rows = sorted(db.execute("select k, v from t"))
+    db.close()
+    return len(rows), hashlib.sha256(repr(rows).encode()).hexdigest()
+if os.environ["MODE"] == "wal":
+    with tempfile.TemporaryDirectory() as alone:
+        shutil.copy(path, alone)
+        assert digest(os.path.join(alone, "app.db"))[1] != os.environ["WANT"]
+n, got = digest(path)
+assert got == os.environ["WANT"], (n, got)
 print("ok")
 "#;
 
+/// SQLITE_WRITE in `mode`, killed with the daemon, then SQLITE_CHECK through a new daemon.
 fn sqlite_survives(mode: &'static str) {
     write_kill_check(
         |mnt| Left::running(python_left_running(SQLITE_WRITE, mnt, &[("MODE", mode)])),
@@ -276,12 +293,14 @@ def archive():
 root = os.path.join(os.environ["MNT"], "x")
 "#;
 
+/// Extracts the archive into the mount.
 const TAR_EXTRACT: &str = r#"
 with tarfile.open(fileobj=archive()) as tar:
     tar.extractall(root, filter="tar")
 print("ok")
 "#;
 
+/// Every member as archived, and nothing else.
 const TAR_CHECK: &str = r#"
 for name, kind, body in members:
     p = os.path.join(root, name)
@@ -302,54 +321,71 @@ print("ok")
 #[test]
 fn a_tar_archive_extracted_is_whole_after_a_daemon_kill() {
     write_kill_check(
-        |mnt| Left::exited(python(&format!("{TAR_ARCHIVE}\n{TAR_EXTRACT}"), mnt, &[])),
+        |mnt| {
+            python(&format!("{TAR_ARCHIVE}\n{TAR_EXTRACT}"), mnt, &[]);
+            Left::exited(String::new())
+        },
         |mnt, _| {
             python(&format!("{TAR_ARCHIVE}\n{TAR_CHECK}"), mnt, &[]);
         },
     );
 }
 
-/// A file rewritten in place through a shared mapping, and a file grown with ftruncate and
-/// filled through one, each made durable by msync alone; then waits with both still mapped
-/// and open.
-const MMAP_WRITE: &str = r#"
+/// The bytes both phases expect: a file of 1 MiB and a bit whose touches include one across
+/// a page boundary and one in the partial page at its end, and a file grown by ftruncate
+/// whose tail past the mapped bytes is never written (its size must survive as well).
+const MMAP_EXPECTED: &str = r#"
 import mmap, os, sys
 root = os.environ["MNT"]
+base = bytes(range(256)) * 4097
+touches = sorted(set(range(0, len(base) - 7, 65521)) | {4093, len(base) - 7})
+mapped = bytearray(base)
+for off in touches:
+    mapped[off:off + 7] = b"touched"
+filled = bytes(i % 251 for i in range(3 << 20))
+grown_size = (3 << 20) + 5000
+"#;
+
+/// Writes both files through shared mappings, each made durable by msync alone, then waits
+/// with both still mapped and open.
+const MMAP_WRITE: &str = r#"
 with open(os.path.join(root, "mapped.bin"), "wb") as f:
-    f.write(bytes(range(256)) * 4097)
+    f.write(base)
 f = open(os.path.join(root, "mapped.bin"), "r+b")
 m = mmap.mmap(f.fileno(), 0)
-for off in range(0, len(m), 65521):
+for off in touches:
     m[off:off + 7] = b"touched"
 m.flush()
 g = open(os.path.join(root, "grown.bin"), "w+b")
-g.truncate(3 << 20)
+g.truncate(grown_size)
 n = mmap.mmap(g.fileno(), 0)
-n[:] = bytes(i % 251 for i in range(3 << 20))
+n[:len(filled)] = filled
 n.flush()
 print("ok", flush=True)
 sys.stdin.read()
 "#;
 
+/// Both files as MMAP_EXPECTED has them.
 const MMAP_CHECK: &str = r#"
-import os
-root = os.environ["MNT"]
-want = bytearray(bytes(range(256)) * 4097)
-for off in range(0, len(want), 65521):
-    want[off:off + 7] = b"touched"
 with open(os.path.join(root, "mapped.bin"), "rb") as f:
-    assert f.read() == want
+    got = f.read()
+assert got == mapped, [o for o in touches if got[o:o + 7] != b"touched"]
 with open(os.path.join(root, "grown.bin"), "rb") as f:
-    assert f.read() == bytes(i % 251 for i in range(3 << 20))
+    got = f.read()
+assert len(got) == grown_size, len(got)
+assert got[:len(filled)] == filled and got[len(filled):] == bytes(5000)
 print("ok")
 "#;
 
 #[test]
 fn files_written_through_a_shared_mapping_and_msync_are_whole_after_a_daemon_kill() {
     write_kill_check(
-        |mnt| Left::running(python_left_running(MMAP_WRITE, mnt, &[])),
+        |mnt| {
+            let write = format!("{MMAP_EXPECTED}\n{MMAP_WRITE}");
+            Left::running(python_left_running(&write, mnt, &[]))
+        },
         |mnt, _| {
-            python(MMAP_CHECK, mnt, &[]);
+            python(&format!("{MMAP_EXPECTED}\n{MMAP_CHECK}"), mnt, &[]);
         },
     );
 }

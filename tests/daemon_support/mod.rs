@@ -84,6 +84,6 @@ pub fn kill(mut d: Daemon) {
         .arg(&d.mnt)
         .status()
         .expect("umount runs");
-    assert!(st.success(), "umount -l {}", d.mnt.display());
     let _ = std::fs::remove_file(rapidfs::control::socket_path(&d.mnt));
+    assert!(st.success(), "umount -l {}", d.mnt.display());
 }
