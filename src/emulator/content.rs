@@ -297,6 +297,19 @@ pub(crate) fn check_writable(state: &WriteState, token: u64) -> Result<(), Statu
     Ok(())
 }
 
+/// Starts the disk's write of `len` bytes at `offset` of `file` without waiting for it, so
+/// that the next sync waits only for what is still in flight: the sync of a flush (every
+/// 16 MiB of a big upload by default) otherwise wrote all of it while the stream waited,
+/// 6 ms a flush, a third of a 512 MiB upload's time. Best effort: the sync still makes
+/// every byte durable, whatever this did.
+fn start_writeback(file: &File, offset: u64, len: usize) {
+    let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
+        return;
+    };
+    // SAFETY: an open descriptor and plain integers; the call reads and writes no memory.
+    unsafe { libc::sync_file_range(file.as_raw_fd(), offset, len, libc::SYNC_FILE_RANGE_WRITE) };
+}
+
 /// The writing side of one generation for one write stream.
 #[derive(Debug)]
 pub(crate) struct ContentWriter {
@@ -351,6 +364,7 @@ impl ContentWriter {
             (Data::File(path), Some(file)) => {
                 file.write_all_at(&new, st.written)
                     .map_err(|e| Status::internal(format!("write {}: {e}", path.display())))?;
+                start_writeback(file, st.written, new.len());
             }
             (Data::File(path), None) => {
                 return Err(Status::internal(format!(
