@@ -43,6 +43,12 @@ emulator, or of the bindfs process, per GiB written (CPU-s/GiB) or per file (CPU
 emulator, the daemons and the writer share the machine's cores (see the header's load average:
 other work on the machine disturbs the figures).
 
+Before each pass, after a sync, the host backs --back-memory-mib MiB of free memory again
+(benchlib's back_free_memory: a file written under --work and deleted). On a virtual machine
+whose kernel hands freed memory back to its host, the first touch of a page the host took back
+costs a fault on the host; a pass that took such pages for its page cache (the local writer's,
+or the directory emulator's) ran 3-6 times slower, whichever system it was.
+
 Every figure is the median of --runs runs with min and max; the ratios to local are taken per
 run (a system's rate over local's in the same run) and their median given. After each pass the
 bytes are checked cheaply, untimed, so that a broken write cannot pass for a fast one: file
@@ -76,7 +82,7 @@ import subprocess
 import sys
 import time
 import warnings
-from benchlib import (binary_version, cell, columns, cpu_seconds, ensure_packages, find_pid, fmt, fresh_memory_line, git_head, is_mounted, log, machine, stop_process, summary)
+from benchlib import (back_free_memory, binary_version, cell, columns, cpu_seconds, ensure_packages, find_pid, fmt, fresh_memory_line, git_head, is_mounted, log, machine, stop_process, summary)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KiB = 1 << 10
@@ -417,6 +423,7 @@ def run_case(case, sysm, run, cfg, t, data, block):
     if case == "overwrite":
         w_torch(t, path, t.sd)
     os.sync()  # earlier passes' dirty pages are not this pass's work
+    back_free_memory(cfg["work"], cfg["back_memory_mib"])
     meter = Meter(sysm.pids)
     if case in ("torch", "overwrite"):
         rec = w_torch(t, path, t.sd)
@@ -572,6 +579,9 @@ def main():
     ap.add_argument("--bindfs-options", default="",
                     help="extra bindfs arguments, e.g. '-o big_writes' (default none: bindfs "
                          "built on libfuse 2 then writes in 4 KiB requests)")
+    ap.add_argument("--back-memory-mib", type=int, default=1536,
+                    help="MiB of free memory the host backs again before each pass (benchlib's "
+                         "back_free_memory; 0: none)")
     ap.add_argument("--nice", type=int, default=-10,
                     help="niceness of the benchmark and everything it starts (0 to keep)")
     ap.add_argument("--out", default=os.path.join(ROOT, "target", "bench-results", "write_bench.json"))
@@ -588,7 +598,8 @@ def main():
             sys.exit(f"write_bench.py: unknown system {x!r} (known: {', '.join(SYSTEMS)})")
     cfg = {"runs": args.runs, "state_mib": args.state_mib, "tensors": args.tensors,
            "small_files": args.small_files, "small_kib": args.small_kib,
-           "append_mib": args.append_mib}
+           "append_mib": args.append_mib, "back_memory_mib": args.back_memory_mib,
+           "work": args.work}
 
     t = None
     if any(c in TORCH_CASES for c in cases):
