@@ -32,10 +32,11 @@ shared/design/MEASURING.md: fresh mounts, `sync; echo 3 > /proc/sys/vm/drop_cach
 local files of the workload are read once so that bindfs and the local copy serve from the page
 cache and the emulator from its memory: what is measured is the filesystem, not the disk. The
 order of the systems rotates from run to run, and each mount is unmounted after its pass so
-that its page cache does not crowd the others. Before each system's pass the host backs
---back-memory-mib MiB of free memory again (a file written beside the data and deleted): on a
-virtual machine whose kernel hands freed memory back to its host, the pages that the drop of
-the caches freed would otherwise cost the pass a host fault each on their first touch.
+that its page cache does not crowd the others. With --back-memory-mib N (off by default; see
+benchlib's back_free_memory), before each system's pass the host backs N MiB of free memory
+again (a file written beside the data and deleted): on a virtual machine whose kernel hands
+freed memory back to its host, the pages the drop of the caches freed otherwise cost the pass
+a host fault each on their first touch.
 
 For every workload and system the table gives the rate, the ratios to bindfs (and rapidfs to
 rapidfs-before), the CPU time of the mount daemon and of the emulator (utime + stime from
@@ -726,9 +727,9 @@ def main():
     ap.add_argument("--data", help="where the generated data lives (default target/bench-data[-quick])")
     ap.add_argument("--out", default=os.path.join(REPO, "target", "bench-results", "read_path.json"))
     ap.add_argument("--seed", type=int, default=4, help="picks the random offsets and file orders")
-    ap.add_argument("--back-memory-mib", type=int, default=1536,
+    ap.add_argument("--back-memory-mib", type=int, default=0,
                     help="MiB of free memory the host backs again before each pass, after the "
-                         "caches are dropped (benchlib's back_free_memory; 0: none)")
+                         "caches are dropped (benchlib's back_free_memory; default 0: none)")
     ap.add_argument("--nice", type=int, default=-10,
                     help="niceness of the benchmark and everything it starts (default -10: "
                          "other work on the machine disturbs the figures less; 0 to keep)")

@@ -43,11 +43,12 @@ emulator, or of the bindfs process, per GiB written (CPU-s/GiB) or per file (CPU
 emulator, the daemons and the writer share the machine's cores (see the header's load average:
 other work on the machine disturbs the figures).
 
-Before each pass, after a sync, the host backs --back-memory-mib MiB of free memory again
-(benchlib's back_free_memory: a file written under --work and deleted). On a virtual machine
-whose kernel hands freed memory back to its host, the first touch of a page the host took back
-costs a fault on the host; a pass that took such pages for its page cache (the local writer's,
-or the directory emulator's) ran 3-6 times slower, whichever system it was.
+With --back-memory-mib N (off by default; see benchlib's back_free_memory), before each pass,
+after a sync, the host backs N MiB of free memory again (a file written under --work and
+deleted). On a virtual machine whose kernel hands freed memory back to its host, the first
+touch of a page the host took back costs a fault on the host; a pass that took such pages for
+its page cache (the local writer's, or the directory emulator's) ran 3-6 times slower,
+whichever system it was.
 
 Every figure is the median of --runs runs with min and max; the ratios to local are taken per
 run (a system's rate over local's in the same run) and their median given. After each pass the
@@ -579,9 +580,9 @@ def main():
     ap.add_argument("--bindfs-options", default="",
                     help="extra bindfs arguments, e.g. '-o big_writes' (default none: bindfs "
                          "built on libfuse 2 then writes in 4 KiB requests)")
-    ap.add_argument("--back-memory-mib", type=int, default=1536,
+    ap.add_argument("--back-memory-mib", type=int, default=0,
                     help="MiB of free memory the host backs again before each pass (benchlib's "
-                         "back_free_memory; 0: none)")
+                         "back_free_memory; default 0: none)")
     ap.add_argument("--nice", type=int, default=-10,
                     help="niceness of the benchmark and everything it starts (0 to keep)")
     ap.add_argument("--out", default=os.path.join(ROOT, "target", "bench-results", "write_bench.json"))
