@@ -261,15 +261,15 @@ def bdi_read_ahead_kb(path):
 class Bench:
     """Owns the emulator process and every mount, and undoes them all in `close()`."""
 
-    def __init__(self, binaries, root, work):
-        """`binaries`: {system name: rapidfs binary}; the first one also runs the emulator."""
+    def __init__(self, binaries, root, work, back_memory_mib):
+        """`binaries`: {system name: rapidfs binary}; the first one also runs the emulator.
+        `back_memory_mib`: MiB of free memory the host backs again before each pass
+        (benchlib's back_free_memory; 0: none)."""
         self.binaries = binaries
         self.root = root
         self.local = os.path.join(root, BUCKET)
         self.work = work
-        # MiB of free memory the host backs again before each pass (benchlib's
-        # back_free_memory), set from --back-memory-mib.
-        self.back_memory_mib = 0
+        self.back_memory_mib = back_memory_mib
         self.emulator = None
         self.endpoint = None
         self.mounts = {}  # mountpoint -> daemon pid (or None)
@@ -769,8 +769,7 @@ def main():
     log(f"safetensors loader: {loader}")
 
     work = tempfile.mkdtemp(prefix="rapidfs-bench-")
-    b = Bench(binaries, data, work)
-    b.back_memory_mib = args.back_memory_mib
+    b = Bench(binaries, data, work, args.back_memory_mib)
 
     def on_signal(signum, _frame):
         # Further signals must not interrupt the cleanup this one starts.
