@@ -4,15 +4,22 @@
 //! on its first touch, a tenth of the daemon's CPU on a big sequential write. These buffers
 //! go back to a free list when the service has persisted their bytes (the last `Bytes`
 //! pointing into one is dropped) and are reused by the next write, their pages resident.
+//! A full request is not always a whole MiB: one that starts inside a page (a cached write
+//! at an offset off a page boundary, a direct write from a buffer that does not start on
+//! one, as Python's `bytes` never do) carries up to a page less, and takes a buffer too.
 //! The free ones are not charged to the write share: it bounds the bytes not yet persisted,
 //! and the free list adds at most its own bound to that.
 
 use bytes::Bytes;
 use std::sync::{Arc, Mutex};
 
+/// The kernel's page: a full request that starts inside one is at most this much short.
+const PAGE: usize = 4096;
+
 /// Free buffers of one size, shared by the writes of a mount.
 pub(super) struct WriteBuffers {
-    /// The size of a recycled buffer: a write of exactly this many bytes takes one.
+    /// The size of a recycled buffer: a write of this many bytes, or less by under a
+    /// `PAGE`, takes one.
     size: usize,
     /// Most free buffers kept; one more given back is freed.
     keep: usize,
@@ -30,10 +37,11 @@ impl WriteBuffers {
         })
     }
 
-    /// `data` copied into bytes of their own: into a recycled buffer when it is of the
-    /// recycled size, else into a fresh allocation.
+    /// `data` copied into bytes of their own: into a recycled buffer when it is a full
+    /// request, else into a fresh allocation.
     pub(super) fn copy(self: &Arc<Self>, data: &[u8]) -> Bytes {
-        if data.len() != self.size || self.keep == 0 {
+        let full = data.len() <= self.size && data.len() + PAGE > self.size;
+        if !full || self.keep == 0 {
             return Bytes::copy_from_slice(data);
         }
         let mut buf = self
@@ -80,38 +88,45 @@ impl Drop for Recycled {
 mod tests {
     use super::*;
 
+    const SIZE: usize = 2 * PAGE;
+
+    fn bytes_of(len: usize, fill: u8) -> Vec<u8> {
+        vec![fill; len]
+    }
+
     #[test]
-    fn a_full_size_write_reuses_the_buffer_its_predecessor_gave_back() {
-        let buffers = WriteBuffers::new(8, 16);
-        let first = buffers.copy(b"abcdefgh");
+    fn a_full_request_reuses_the_buffer_its_predecessor_gave_back_even_a_page_short() {
+        let buffers = WriteBuffers::new(SIZE, 2 * SIZE);
+        let first = buffers.copy(&bytes_of(SIZE, 1));
         let address = first.as_ptr();
-        assert_eq!(&first[..], b"abcdefgh");
         drop(first);
-        let second = buffers.copy(b"ijklmnop");
+        let short = bytes_of(SIZE - PAGE + 1, 2);
+        let second = buffers.copy(&short);
         assert_eq!(second.as_ptr(), address);
-        assert_eq!(&second[..], b"ijklmnop");
+        assert_eq!(&second[..], &short[..]);
     }
 
     #[test]
     fn a_buffer_stays_on_loan_while_any_slice_of_it_lives() {
-        let buffers = WriteBuffers::new(4, 16);
-        let whole = buffers.copy(b"abcd");
-        let tail = whole.slice(2..);
+        let buffers = WriteBuffers::new(SIZE, 4 * SIZE);
+        let whole = buffers.copy(&bytes_of(SIZE, 1));
+        let tail = whole.slice(SIZE - 2..);
         drop(whole);
         assert!(buffers.free.lock().expect("free list").is_empty());
-        let other = buffers.copy(b"wxyz");
-        assert_eq!(&tail[..], b"cd");
+        let other = buffers.copy(&bytes_of(SIZE, 2));
+        assert_eq!(&tail[..], &[1, 1]);
         drop(tail);
         drop(other);
         assert_eq!(buffers.free.lock().expect("free list").len(), 2);
     }
 
     #[test]
-    fn other_sizes_are_copied_fresh_and_the_free_list_is_bounded() {
-        let buffers = WriteBuffers::new(4, 8);
-        assert_eq!(&buffers.copy(b"abc")[..], b"abc");
+    fn a_request_a_page_short_or_more_is_copied_fresh_and_the_free_list_is_bounded() {
+        let buffers = WriteBuffers::new(SIZE, 2 * SIZE);
+        let small = bytes_of(SIZE - PAGE, 3);
+        assert_eq!(&buffers.copy(&small)[..], &small[..]);
         assert!(buffers.free.lock().expect("free list").is_empty());
-        let loans: Vec<Bytes> = (0..3).map(|_| buffers.copy(b"abcd")).collect();
+        let loans: Vec<Bytes> = (0..3).map(|_| buffers.copy(&bytes_of(SIZE, 4))).collect();
         drop(loans);
         assert_eq!(buffers.free.lock().expect("free list").len(), 2);
     }
