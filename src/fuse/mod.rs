@@ -28,6 +28,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use tokio::runtime::{Handle, Runtime, RuntimeFlavor};
 
+mod direct_writes;
 mod driven;
 mod fusermount;
 mod session;
@@ -92,8 +93,8 @@ struct FuseAdapter {
     /// `flush` answer ENOSYS, which the kernel remembers for the rest of the mount. Until
     /// `init`, whether the first two hold.
     skip_open: bool,
-    /// Handles opened write-only bypass the page cache (`write_only_flags`). Set at `init`
-    /// when the kernel drops the cached pages a direct write overlaps.
+    /// Handles opened write-only bypass the page cache (`direct_writes.rs`). Set at `init`
+    /// when the kernel keeps readers coherent with that.
     direct_writes: bool,
 }
 
@@ -270,22 +271,6 @@ fn open_flags(o: &Opened, write: bool) -> FopenFlags {
     flags
 }
 
-/// The flags of a handle opened with `flags` that `direct_writes` adds: a handle opened
-/// write-only (a checkpoint's `open(path, "wb")`, `cp`'s target) bypasses the page cache
-/// (FOPEN_DIRECT_IO). Its bytes then go from the writer's own pages into the request the
-/// daemon reads, where a cached write first copied them into page-cache pages that nothing
-/// reads back through that handle: one copy less per byte for the writer, and a checkpoint
-/// no longer fills the page cache with a second copy of itself beside the server's. Readers
-/// on the mount still see every byte: the kernel drops the cached pages a direct write
-/// overlaps, and a reading handle reads on past the size it opened at.
-fn write_only_flags(direct_writes: bool, flags: i32) -> FopenFlags {
-    if direct_writes && flags & libc::O_ACCMODE == libc::O_WRONLY {
-        FopenFlags::FOPEN_DIRECT_IO
-    } else {
-        FopenFlags::empty()
-    }
-}
-
 /// Adds one `readdirplus` entry to `reply`; true when its buffer is full.
 fn add_plus(reply: &mut ReplyDirectoryPlus, it: &DirItem, e: &Entry) -> bool {
     reply.add(
@@ -363,13 +348,8 @@ impl Filesystem for FuseAdapter {
             && config
                 .capabilities()
                 .contains(InitFlags::FUSE_NO_OPEN_SUPPORT);
-        // Linux 6.6 drops the cached pages a direct write overlaps ("fuse: invalidate page
-        // cache pages before direct write"), and is the first to offer this flag. Before it,
-        // a reader on this mount that had cached a file's partial last page went on reading
-        // that page's zeros where a direct write appended bytes.
-        self.direct_writes = config
-            .capabilities()
-            .contains(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP);
+        self.direct_writes =
+            direct_writes::kernel_allows(config.capabilities(), &direct_writes::running_release());
         if let Err(max) = config.set_max_write(MAX_IO) {
             let _ = config.set_max_write(max);
         }
@@ -623,7 +603,7 @@ impl Filesystem for FuseAdapter {
             }
         }
         let pid = req.pid();
-        let uncached = write_only_flags(self.direct_writes, flags.0);
+        let uncached = direct_writes::write_only_flags(self.direct_writes, flags.0);
         answer!(
             self,
             "open",
@@ -973,7 +953,7 @@ impl Filesystem for FuseAdapter {
             return reply.error(Errno::EINVAL);
         };
         let pid = req.pid();
-        let uncached = write_only_flags(self.direct_writes, flags);
+        let uncached = direct_writes::write_only_flags(self.direct_writes, flags);
         answer!(
             self,
             "create",
@@ -995,8 +975,7 @@ impl Filesystem for FuseAdapter {
 
 #[cfg(test)]
 mod tests {
-    use super::{background_limits, write_only_flags};
-    use fuser::FopenFlags;
+    use super::background_limits;
 
     #[test]
     fn the_background_queue_follows_the_cores() {
@@ -1006,19 +985,5 @@ mod tests {
         assert_eq!(background_limits(16), (256, 192));
         assert_eq!(background_limits(96), (1536, 1152));
         assert_eq!(background_limits(1 << 20).0, u16::MAX);
-    }
-
-    #[test]
-    fn only_a_write_only_handle_bypasses_the_page_cache_and_only_when_the_kernel_allows() {
-        let direct = FopenFlags::FOPEN_DIRECT_IO;
-        let checkpoint = libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC;
-        assert_eq!(write_only_flags(true, checkpoint), direct);
-        assert_eq!(
-            write_only_flags(true, libc::O_WRONLY | libc::O_APPEND),
-            direct
-        );
-        assert_eq!(write_only_flags(true, libc::O_RDWR), FopenFlags::empty());
-        assert_eq!(write_only_flags(true, libc::O_RDONLY), FopenFlags::empty());
-        assert_eq!(write_only_flags(false, checkpoint), FopenFlags::empty());
     }
 }
