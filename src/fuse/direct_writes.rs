@@ -8,12 +8,11 @@
 //! A direct write does not touch the cached pages it overlaps, so the kernel must drop them,
 //! and twice: before the write (Linux 6.6, "fuse: invalidate page cache pages before direct
 //! write", the release that first offers FUSE_DIRECT_IO_ALLOW_MMAP, then named
-//! FUSE_DIRECT_IO_RELAX) and after it ("fuse:
-//! Invalidate the page cache after FOPEN_DIRECT_IO write", Linux 6.19, queued for the 6.18 and
-//! 6.12 stable series on 2026-01-06). Without the second, a reader that reads a file's partial
-//! last page while an append to it is in flight caches that page with zeros past the old end,
-//! and reads those zeros where the appended bytes are until the page is evicted. Kernels
-//! without both keep every handle on the page cache.
+//! FUSE_DIRECT_IO_RELAX) and after it ("fuse: Invalidate the page cache after FOPEN_DIRECT_IO
+//! write", Linux 6.19, queued for the 6.18 and 6.12 stable series on 2026-01-06). Without the
+//! second, a reader that reads a file's partial last page while an append to it is in flight
+//! caches that page with zeros past the old end, and reads those zeros where the appended bytes
+//! are until the page is evicted. Kernels without both keep every handle on the page cache.
 
 use fuser::{FopenFlags, InitFlags};
 
