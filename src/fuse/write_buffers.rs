@@ -13,14 +13,21 @@
 use bytes::Bytes;
 use std::sync::{Arc, Mutex};
 
-/// The kernel's page: a full request that starts inside one is at most this much short.
-const PAGE: usize = 4096;
+/// The kernel's page size (4 KiB on x86, up to 64 KiB on arm64): a full request that
+/// starts inside a page is at most this much short.
+fn page_size() -> usize {
+    // SAFETY: sysconf reads a constant of the system and touches no memory.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(page).unwrap_or(4096).max(1)
+}
 
 /// Free buffers of one size, shared by the writes of a mount.
 pub(super) struct WriteBuffers {
-    /// The size of a recycled buffer: a write of this many bytes, or less by under a
-    /// `PAGE`, takes one.
+    /// The size of a recycled buffer: a write of this many bytes, or less by under a page,
+    /// takes one.
     size: usize,
+    /// The kernel's page size (`page_size`).
+    page: usize,
     /// Most free buffers kept; one more given back is freed.
     keep: usize,
     /// Buffers whose bytes were persisted, each of capacity `size`.
@@ -32,6 +39,7 @@ impl WriteBuffers {
     pub(super) fn new(size: usize, keep_bytes: usize) -> Arc<WriteBuffers> {
         Arc::new(WriteBuffers {
             size,
+            page: page_size(),
             keep: keep_bytes / size,
             free: Mutex::new(Vec::new()),
         })
@@ -40,7 +48,7 @@ impl WriteBuffers {
     /// `data` copied into bytes of their own: into a recycled buffer when it is a full
     /// request, else into a fresh allocation.
     pub(super) fn copy(self: &Arc<Self>, data: &[u8]) -> Bytes {
-        let full = data.len() <= self.size && data.len() + PAGE > self.size;
+        let full = data.len() <= self.size && data.len() + self.page > self.size;
         if !full || self.keep == 0 {
             return Bytes::copy_from_slice(data);
         }
@@ -88,19 +96,19 @@ impl Drop for Recycled {
 mod tests {
     use super::*;
 
-    const SIZE: usize = 2 * PAGE;
-
-    fn bytes_of(len: usize, fill: u8) -> Vec<u8> {
-        vec![fill; len]
+    /// A buffer of two of this machine's pages, and the page.
+    fn sizes() -> (usize, usize) {
+        (2 * page_size(), page_size())
     }
 
     #[test]
     fn a_full_request_reuses_the_buffer_its_predecessor_gave_back_even_a_page_short() {
-        let buffers = WriteBuffers::new(SIZE, 2 * SIZE);
-        let first = buffers.copy(&bytes_of(SIZE, 1));
+        let (size, page) = sizes();
+        let buffers = WriteBuffers::new(size, 2 * size);
+        let first = buffers.copy(&vec![1; size]);
         let address = first.as_ptr();
         drop(first);
-        let short = bytes_of(SIZE - PAGE + 1, 2);
+        let short = vec![2; size - page + 1];
         let second = buffers.copy(&short);
         assert_eq!(second.as_ptr(), address);
         assert_eq!(&second[..], &short[..]);
@@ -108,12 +116,13 @@ mod tests {
 
     #[test]
     fn a_buffer_stays_on_loan_while_any_slice_of_it_lives() {
-        let buffers = WriteBuffers::new(SIZE, 4 * SIZE);
-        let whole = buffers.copy(&bytes_of(SIZE, 1));
-        let tail = whole.slice(SIZE - 2..);
+        let (size, _) = sizes();
+        let buffers = WriteBuffers::new(size, 4 * size);
+        let whole = buffers.copy(&vec![1; size]);
+        let tail = whole.slice(size - 2..);
         drop(whole);
         assert!(buffers.free.lock().expect("free list").is_empty());
-        let other = buffers.copy(&bytes_of(SIZE, 2));
+        let other = buffers.copy(&vec![2; size]);
         assert_eq!(&tail[..], &[1, 1]);
         drop(tail);
         drop(other);
@@ -122,11 +131,12 @@ mod tests {
 
     #[test]
     fn a_request_a_page_short_or_more_is_copied_fresh_and_the_free_list_is_bounded() {
-        let buffers = WriteBuffers::new(SIZE, 2 * SIZE);
-        let small = bytes_of(SIZE - PAGE, 3);
+        let (size, page) = sizes();
+        let buffers = WriteBuffers::new(size, 2 * size);
+        let small = vec![3; size - page];
         assert_eq!(&buffers.copy(&small)[..], &small[..]);
         assert!(buffers.free.lock().expect("free list").is_empty());
-        let loans: Vec<Bytes> = (0..3).map(|_| buffers.copy(&bytes_of(SIZE, 4))).collect();
+        let loans: Vec<Bytes> = (0..3).map(|_| buffers.copy(&vec![4; size])).collect();
         drop(loans);
         assert_eq!(buffers.free.lock().expect("free list").len(), 2);
     }
